@@ -1,0 +1,25 @@
+"""Shared fixtures: every test that touches sockets checks that no file descriptor leaks."""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+
+import pytest
+
+
+def open_fds() -> int:
+    """How many file descriptors this process holds (Linux: /proc/self/fd)."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def fd_baseline() -> Iterator[int]:
+    """Yields the fd count before the test; fails the test if it grew by the end."""
+    gc.collect()
+    before = open_fds()
+    yield before
+    gc.collect()
+    after = open_fds()
+    assert after <= before, f"file descriptors leaked: {before} before, {after} after"

@@ -1,0 +1,31 @@
+"""trioforward: a Trio-based sampling gateway for reinforcement-learning trainers.
+
+Embedded use (DESIGN §1)::
+
+    async with trioforward.open_client(engines=["http://127.0.0.1:8001"]) as client:
+        completion = await client.complete(model="base", prompt=[1, 2, 3], max_tokens=16)
+
+Server use: ``trioforward serve --engine http://127.0.0.1:8001``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trioforward._settings import Settings, SettingsError
+
+__version__ = "0.1.0"
+
+__all__ = ["Settings", "SettingsError", "open_client", "Client", "__version__"]
+
+if TYPE_CHECKING:
+    from trioforward.dispatch import Client, open_client
+
+
+def __getattr__(name: str) -> Any:
+    # The dispatch core is imported lazily so `import trioforward.http` stays light.
+    if name in ("open_client", "Client"):
+        from trioforward import dispatch
+
+        return getattr(dispatch, name)
+    raise AttributeError(f"module 'trioforward' has no attribute {name!r}")

@@ -1,0 +1,247 @@
+"""Every knob of trioforward, with its default, unit and validation (DESIGN §4–6).
+
+One frozen :class:`Settings` object is filled from (lowest to highest) the
+defaults below, a TOML file, ``TRIOFORWARD_<KNOB>`` environment variables and
+CLI flags. The CLI flags, the environment names and the configuration reference
+in ``docs/configuration.md`` are all generated from the field metadata here, so
+they cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES"]
+
+ROUTING_POLICIES = ("least-outstanding", "round-robin", "session")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+ENV_PREFIX = "TRIOFORWARD_"
+
+
+class SettingsError(ValueError):
+    """A knob has a bad value. ``.knob`` names it, ``.value`` is what was given."""
+
+    def __init__(self, knob: str, value: object, reason: str) -> None:
+        super().__init__(f"setting {knob!r}: {reason} (got {value!r})")
+        self.knob = knob
+        self.value = value
+
+
+def _knob(default: Any, help: str, unit: str = "", group: str = "dispatch", **kw: Any) -> Any:
+    meta = {"help": help, "unit": unit, "group": group}
+    if isinstance(default, (list, dict, tuple)) and not isinstance(default, tuple):
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """All knobs; times in seconds, ``None`` = no limit. Raises :class:`SettingsError`."""
+
+    # --- engines and dispatch -------------------------------------------------
+    engines: tuple[str, ...] = _knob((), "engine base URLs (http://host:port)", "URL list", "engines")
+    engine_capacity: int = _knob(256, "requests run at once per engine (vLLM max_num_seqs); 0 = unlimited", "requests")
+    max_connections_per_engine: int | None = _knob(None, "connection slots per engine; unset = engine_capacity; 0 = unlimited", "connections")
+    idle_expiry: float = _knob(4.0, "idle keep-alive connections older than this are closed, not reused (below the engines' 5 s)", "s")
+    queue_timeout: float | None = _knob(None, "longest wait for engine capacity (QUEUED); never charged to other budgets", "s")
+    connect_timeout: float | None = _knob(60.0, "longest TCP connect to an engine (a saturated engine accepts slowly)", "s")
+    dispatch_timeout: float | None = _knob(2048.0, "from capacity acquired until the response is complete; covers every retry", "s")
+    read_timeout: float | None = _knob(None, "longest silence between body bytes", "s")
+    connect_retries: int = _knob(4, "retries of a failed connect, with jittered exponential backoff", "retries")
+    rejection_retries: int = _knob(1, "retries of an engine rejection (429/502/503/504)", "retries")
+    backoff_initial: float = _knob(0.1, "first retry backoff; doubles each retry, jittered", "s")
+    backoff_max: float = _knob(5.0, "largest retry backoff (also caps Retry-After)", "s")
+    retry_budget_ratio: float = _knob(0.2, "retries allowed as a fraction of requests (token bucket)", "ratio")
+    retry_budget_min: float = _knob(10.0, "retries per second always allowed by the retry budget", "retries/s")
+    routing: str = _knob("least-outstanding", "least-outstanding | round-robin | session", "")
+    health_interval: float = _knob(5.0, "seconds between GET /health probes of each engine", "s")
+    health_timeout: float = _knob(5.0, "timeout of one health probe", "s")
+    health_failures: int = _knob(3, "consecutive failures that eject an engine", "failures")
+    health_successes: int = _knob(1, "consecutive successes that re-admit an engine", "successes")
+    adapters: dict[str, str] = _knob({}, "LoRA adapters the gateway may load on demand: name = path", "name=path", "adapters")
+    adapter_root: str = _knob("./adapters", "directory of tinker://RUN/sampler_weights/NAME adapters (<root>/RUN/NAME)", "path", "adapters")
+    adapter_load_timeout: float = _knob(10.0, "timeout of one POST /v1/load_lora_adapter", "s", "adapters")
+    adapter_max_attempts: int = _knob(6, "completion attempts while an adapter is being loaded", "attempts", "adapters")
+    adapter_backoff_max: float = _knob(2.0, "largest backoff between adapter retries (0.1*2^k)", "s", "adapters")
+    max_queued: int = _knob(262144, "outstanding requests beyond which new ones get 429; 0 = unlimited", "requests")
+
+    # --- gateway server -------------------------------------------------------
+    host: str = _knob("127.0.0.1", "address the gateway listens on", "", "server")
+    port: int = _knob(8000, "port the gateway listens on", "", "server")
+    api_keys: tuple[str, ...] = _knob((), "client API keys (Bearer on /v1, X-API-Key on /api/v1); empty = open", "keys", "server")
+    admin_token: str | None = _knob(None, "token required (Bearer) on /admin/*; unset = open", "", "server")
+    log_level: str = _knob("info", "debug | info | warning | error", "", "server")
+    access_log: bool = _knob(True, "one log line per request (engine, status, attempts, queue/engine time)", "", "server")
+    shutdown_grace: float = _knob(30.0, "on SIGTERM/SIGINT, time in-flight requests get to finish", "s", "server")
+    backlog: int = _knob(4096, "listen backlog (capped by the OS somaxconn)", "connections", "server")
+    keep_alive: float = _knob(75.0, "server keep-alive timeout for client connections", "s", "server")
+    max_body_size: int = _knob(64 * 1024 * 1024, "largest request body; 413 beyond", "bytes", "server")
+
+    # --- Tinker futures -------------------------------------------------------
+    future_hold: float = _knob(30.0, "longest a retrieve_future poll is held before 408", "s", "tinker")
+    future_retention: float = _knob(300.0, "how long a delivered result is kept for re-polls", "s", "tinker")
+    max_retained_futures: int = _knob(262144, "results kept at most; oldest delivered evicted first (410)", "futures", "tinker")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _validate(f.name, getattr(self, f.name))
+        if self.routing not in ROUTING_POLICIES:
+            raise SettingsError("routing", self.routing, f"must be one of {', '.join(ROUTING_POLICIES)}")
+        if self.log_level not in LOG_LEVELS:
+            raise SettingsError("log_level", self.log_level, f"must be one of {', '.join(LOG_LEVELS)}")
+        if not 0 < self.port < 65536:
+            raise SettingsError("port", self.port, "must be in 1..65535")
+        for url in self.engines:
+            _validate_engine_url(url)
+
+    @property
+    def connections_per_engine(self) -> int:
+        """Connection slots per engine: the explicit knob, else the capacity (0 = unlimited)."""
+        if self.max_connections_per_engine is not None:
+            return self.max_connections_per_engine
+        return self.engine_capacity
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (validated, coerced like any other source)."""
+        return dataclasses.replace(self, **{k: coerce(k, v) for k, v in changes.items()})
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        config_file: str | os.PathLike[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        """Defaults < TOML file < ``TRIOFORWARD_*`` environment < ``overrides`` (CLI flags).
+
+        The TOML file holds knobs at the top level (or under ``[trioforward]``).
+        Unknown keys are an error naming the key. Raises :class:`SettingsError`.
+        """
+        values: dict[str, Any] = {}
+        if config_file is not None:
+            with open(config_file, "rb") as fh:
+                data = tomllib.load(fh)
+            data = data.get("trioforward", data)
+            for key, value in data.items():
+                name = key.replace("-", "_")
+                values[name] = coerce(name, value)
+        env = os.environ if environ is None else environ
+        for f in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = coerce(f.name, raw)
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                values[key] = coerce(key, value)
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One knob, as the CLI, environment and docs see it."""
+
+    name: str
+    default: Any
+    type: str
+    help: str
+    unit: str
+    group: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def knobs() -> list[Knob]:
+    """Every knob with its default, type name, help text, unit and group."""
+    out = []
+    for f in dataclasses.fields(Settings):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append(Knob(f.name, default, str(f.type), f.metadata["help"], f.metadata["unit"], f.metadata["group"]))
+    return out
+
+
+_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Settings)}
+
+
+def coerce(name: str, value: Any) -> Any:
+    """Turn a TOML value or an environment/CLI string into the knob's type."""
+    if name not in _FIELD_TYPES:
+        raise SettingsError(name, value, "unknown setting")
+    kind = _FIELD_TYPES[name]
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            if "None" in kind and text.lower() in ("", "none", "null", "inf", "unlimited"):
+                return None
+            if kind.startswith("tuple"):
+                return tuple(p.strip() for p in text.split(",") if p.strip())
+            if kind.startswith("dict"):
+                pairs = (p.split("=", 1) for p in text.split(",") if p.strip())
+                return {k.strip(): v.strip() for k, v in pairs}
+            if kind.startswith("bool"):
+                if text.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if text.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError("expected true or false")
+            if kind.startswith("int"):
+                return int(text)
+            if kind.startswith("float"):
+                return float(text)
+            return text
+        if kind.startswith("tuple") and isinstance(value, (list, tuple)):
+            return tuple(value)
+        if kind.startswith("float") and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+    except ValueError as exc:
+        raise SettingsError(name, value, f"cannot read as {kind}: {exc}") from None
+
+
+def _validate(name: str, value: Any) -> None:
+    kind = _FIELD_TYPES[name]
+    if value is None:
+        if "None" not in kind:
+            raise SettingsError(name, value, "must be set")
+        return
+    if kind.startswith("bool"):
+        if not isinstance(value, bool):
+            raise SettingsError(name, value, "must be true or false")
+    elif kind.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SettingsError(name, value, "must be an integer")
+        if value < 0:
+            raise SettingsError(name, value, "must be >= 0")
+    elif kind.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise SettingsError(name, value, "must be a number")
+        if value < 0:
+            raise SettingsError(name, value, "must be >= 0")
+    elif kind.startswith("tuple"):
+        if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+            raise SettingsError(name, value, "must be a list of strings")
+    elif kind.startswith("dict"):
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise SettingsError(name, value, "must map names to paths")
+    elif kind.startswith("str") and not isinstance(value, str):
+        raise SettingsError(name, value, "must be a string")
+
+
+def _validate_engine_url(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise SettingsError("engines", url, "an engine URL must look like http://host:port")

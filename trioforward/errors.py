@@ -1,0 +1,139 @@
+"""Errors the dispatch core raises to callers of :func:`trioforward.open_client`.
+
+Every error carries:
+
+- ``.phase``: the :class:`~trioforward.http.Phase` the *last* attempt failed in
+  (``QUEUED`` if it never reached an engine);
+- ``.attempts``: how many upstream attempts were made (``0`` = none);
+- ``.engine``: the base URL of the engine of the last attempt, or ``None``.
+
+The gateway maps them to HTTP statuses (DESIGN §5): :attr:`TrioforwardError.status`.
+"""
+
+from __future__ import annotations
+
+from trioforward.http._errors import Phase
+
+__all__ = [
+    "Phase",
+    "TrioforwardError",
+    "EngineConnectError",
+    "EngineRejected",
+    "DispatchTimeout",
+    "QueueTimeout",
+    "QueueFull",
+    "UpstreamBroken",
+    "NoEngineAvailable",
+    "AdapterLoadError",
+    "DispatchAborted",
+]
+
+
+class TrioforwardError(Exception):
+    """Base of every dispatch error. ``status`` is the HTTP status the gateway answers."""
+
+    status: int = 502
+    code: str = "upstream_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        phase: Phase = Phase.QUEUED,
+        attempts: int = 0,
+        engine: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.phase = phase
+        self.attempts = attempts
+        self.engine = engine
+
+    def to_json(self) -> dict[str, object]:
+        """The OpenAI-style error body of DESIGN §5."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": type(self).__name__,
+                "code": self.code,
+                "phase": self.phase.value,
+                "attempts": self.attempts,
+                "engine": self.engine,
+            }
+        }
+
+
+class EngineConnectError(TrioforwardError):
+    """No TCP connection could be opened (after the connect retries). 502."""
+
+    code = "engine_connect_failed"
+
+
+class EngineRejected(TrioforwardError):
+    """The engine answered with an error status; ``.status`` and ``.body`` are the engine's own.
+
+    Raised only by APIs that decode results (``client.complete``); ``client.post``
+    returns the engine's response instead.
+    """
+
+    code = "engine_rejected"
+
+    def __init__(self, message: str, *, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.status = status
+        self.body = body
+        self.headers = headers or []
+
+
+class DispatchTimeout(TrioforwardError):
+    """``dispatch_timeout`` (or ``read_timeout``) passed after capacity was acquired. 504."""
+
+    status = 504
+    code = "dispatch_timeout"
+
+
+class QueueTimeout(TrioforwardError):
+    """``queue_timeout`` passed while waiting for capacity or a healthy engine. 503."""
+
+    status = 503
+    code = "queue_timeout"
+
+
+class QueueFull(TrioforwardError):
+    """More than ``max_queued`` requests outstanding. 429."""
+
+    status = 429
+    code = "queue_full"
+
+
+class UpstreamBroken(TrioforwardError):
+    """The engine broke the exchange after it may have started work (fresh connection
+    after sending, or while reading the body). Never retried. 502."""
+
+    code = "upstream_broken"
+
+
+class NoEngineAvailable(TrioforwardError):
+    """No engine is registered, or none is healthy and ``queue_timeout`` is 0. 503."""
+
+    status = 503
+    code = "no_engine_available"
+
+
+class AdapterLoadError(TrioforwardError):
+    """A LoRA adapter could not be loaded on the engine; the message names the adapter. 502
+    (or the engine's 4xx when the engine refused the load)."""
+
+    code = "adapter_load_failed"
+
+    def __init__(self, message: str, *, adapter: str, status: int = 502, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.adapter = adapter
+        self.status = status
+
+
+class DispatchAborted(TrioforwardError):
+    """The request was aborted by ``pause(mode="abort")`` or an engine removal. 503."""
+
+    status = 503
+    code = "aborted"
