@@ -48,6 +48,10 @@ class TrioforwardError(Exception):
         self.phase = phase
         self.attempts = attempts
         self.engine = engine
+        # Filled in by the dispatch core: seconds spent QUEUED, and from dispatch
+        # (capacity acquired) to the failure.
+        self.queue_time = 0.0
+        self.engine_time = 0.0
 
     def to_json(self) -> dict[str, object]:
         """The OpenAI-style error body of DESIGN §5."""

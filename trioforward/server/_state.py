@@ -1,0 +1,42 @@
+"""What every route of the gateway shares, for the app's lifetime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trioforward._settings import Settings
+
+if TYPE_CHECKING:
+    from trioforward.dispatch import Client
+
+__all__ = ["GatewayState", "get_state", "STATE_KEY"]
+
+STATE_KEY = "trioforward"
+
+
+@dataclass(slots=True)
+class GatewayState:
+    """Held in ``app.extensions["trioforward"]`` while the app serves.
+
+    ``client`` is the dispatch core, open for the app's lifetime; ``nursery`` is a
+    server-lifetime nursery for background work that must outlive a request
+    (Tinker futures); ``metrics`` is the server's metrics object; ``extras`` lets a
+    route module keep its own state (e.g. the Tinker future store) by name.
+    """
+
+    settings: Settings
+    client: Client
+    nursery: trio.Nursery
+    metrics: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def get_state() -> GatewayState:
+    """The state of the app handling the current request."""
+    from quart import current_app
+
+    state: GatewayState = current_app.extensions[STATE_KEY]
+    return state
