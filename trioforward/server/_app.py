@@ -1,0 +1,154 @@
+"""``create_app()``: the gateway as a Quart-Trio app (DESIGN §5).
+
+Lifetimes: at startup (``before_serving``) a task in the app's lifespan nursery
+opens the dispatch client and a server-lifetime nursery, publishes them as a
+:class:`GatewayState` in ``app.extensions["trioforward"]`` and waits; at shutdown
+(``after_serving``, which Hypercorn runs only after in-flight requests drained or
+``shutdown_grace`` passed) it cancels the background nursery and closes the
+client. Both are therefore ``async with`` blocks, never closed by hand.
+
+The OpenAI data plane is an ASGI layer in front of Quart (``_forward.py``); the
+other routes are Quart views (``_routes.py``), the Tinker routes come from
+``trioforward.server.tinker.install(app)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from trioforward._settings import Settings
+from trioforward.server._auth import check_auth
+from trioforward.server._errors import RequestError, error_body
+from trioforward.server._forward import OpenAIForwarder
+from trioforward.server._metrics import Metrics
+from trioforward.server._state import STATE_KEY, GatewayState
+
+__all__ = ["create_app", "CONFIG_ENV"]
+
+# With no settings given, create_app() reads this TOML file (then TRIOFORWARD_* env).
+CONFIG_ENV = "TRIOFORWARD_CONFIG"
+
+log = logging.getLogger("trioforward.server")
+
+
+def create_app(settings: Settings | None = None) -> QuartTrio:
+    """The gateway app. ``settings=None``: :meth:`Settings.load` from the file named by
+    ``$TRIOFORWARD_CONFIG`` (if set) and ``TRIOFORWARD_*`` variables.
+
+    Raises :class:`~trioforward.SettingsError` for a bad knob. The app serves once
+    started by an ASGI server with the trio worker (``hypercorn -k trio``).
+    """
+    if settings is None:
+        settings = Settings.load(config_file=os.environ.get(CONFIG_ENV) or None)
+    logging.getLogger("trioforward").setLevel(settings.log_level.upper())
+
+    app = QuartTrio("trioforward")
+    # DESIGN §5: a burst gateway must not cut long generations or big batches.
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_size
+    app.config["BODY_TIMEOUT"] = None
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["JSON_SORT_KEYS"] = False
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+
+    metrics = Metrics(lambda: _client_or_none(app))
+    _install_lifespan(app, settings, metrics)
+    _install_hooks(app, settings)
+
+    from trioforward.server._routes import install_routes
+
+    install_routes(app)
+    try:  # TODO(lead): drop the guard once the tinker package has landed.
+        from trioforward.server import tinker
+    except ImportError:
+        tinker = None  # type: ignore[assignment]
+    if tinker is not None and hasattr(tinker, "install"):
+        tinker.install(app)
+
+    app.asgi_app = OpenAIForwarder(app, app.asgi_app)  # type: ignore[method-assign]
+    return app
+
+
+def _client_or_none(app: QuartTrio) -> Any:
+    state: GatewayState | None = app.extensions.get(STATE_KEY)
+    return None if state is None else state.client
+
+
+def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> None:
+    stop = trio.Event()
+    stopped = trio.Event()
+
+    async def run_gateway(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from trioforward.dispatch import open_client
+
+        try:
+            async with open_client(engines=list(settings.engines), settings=settings) as client:
+                async with trio.open_nursery() as nursery:
+                    app.extensions[STATE_KEY] = GatewayState(
+                        settings=settings, client=client, nursery=nursery, metrics=metrics
+                    )
+                    task_status.started()
+                    await stop.wait()
+                    # Background work (Tinker futures) ends with the server.
+                    nursery.cancel_scope.cancel()
+        finally:
+            app.extensions.pop(STATE_KEY, None)
+            stopped.set()
+
+    @app.before_serving
+    async def _startup() -> None:
+        await app.nursery.start(run_gateway)
+        log.info("gateway serving %d engine(s)", len(settings.engines))
+
+    @app.after_serving
+    async def _shutdown() -> None:
+        stop.set()
+        await stopped.wait()
+
+
+def _install_hooks(app: QuartTrio, settings: Settings) -> None:
+    @app.before_request
+    async def _authenticate() -> Response | None:
+        try:
+            check_auth(settings, request.path, lambda name: request.headers.get(name))
+        except RequestError as err:
+            return json_response(err.body(), err.status)
+        return None
+
+    @app.errorhandler(RequestError)
+    async def _request_error(err: RequestError) -> Response:
+        return json_response(err.body(), err.status)
+
+    @app.errorhandler(404)
+    async def _not_found(_: Exception) -> Response:
+        return json_response(error_body(f"no route {request.path}", code="not_found"), 404)
+
+    @app.errorhandler(405)
+    async def _not_allowed(_: Exception) -> Response:
+        return json_response(
+            error_body(
+                f"{request.method} not allowed on {request.path}", code="method_not_allowed"
+            ),
+            405,
+        )
+
+    @app.errorhandler(413)
+    async def _too_large(_: Exception) -> Response:
+        message = f"request body larger than {settings.max_body_size} bytes"
+        return json_response(error_body(message, code="request_too_large"), 413)
+
+    @app.errorhandler(500)
+    async def _internal(_: Exception) -> Response:
+        return json_response(
+            error_body("internal gateway error", type="server_error", code="internal_error"), 500
+        )
+
+
+def json_response(body: bytes, status: int = 200) -> Response:
+    """A response with an already-encoded JSON body."""
+    return Response(body, status=status, content_type="application/json")

@@ -1,0 +1,60 @@
+"""Who may call what: client API keys and the admin token (DESIGN §5).
+
+- ``/v1/*`` (OpenAI API): ``Authorization: Bearer <key>`` with a key from ``api_keys``.
+- ``/api/v1/*`` (Tinker API): ``X-API-Key: <key>`` (what the tinker SDK sends);
+  a Bearer key is accepted too.
+- ``/admin/*``: ``Authorization: Bearer <admin_token>``.
+- ``/health`` and ``/metrics`` are open (probes and scrapers).
+
+With no keys configured the client paths are open; with no admin token the admin
+paths are open. Keys are compared with :func:`hmac.compare_digest`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+
+from trioforward._settings import Settings
+from trioforward.server._errors import RequestError
+
+__all__ = ["check_auth"]
+
+
+def _matches(given: str | None, allowed: tuple[str, ...]) -> bool:
+    if not given:
+        return False
+    ok = False
+    for key in allowed:  # no early exit: the time taken does not depend on which key matched
+        ok |= hmac.compare_digest(given.encode(), key.encode())
+    return ok
+
+
+def _bearer(value: str | None) -> str | None:
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def check_auth(settings: Settings, path: str, header: Callable[[str], str | None]) -> None:
+    """Raises :class:`RequestError` (401) unless the request may use ``path``.
+
+    ``header(name)`` returns a request header (lower-case name) or ``None``.
+    """
+    if path.startswith("/v1/"):
+        if settings.api_keys and not _matches(_bearer(header("authorization")), settings.api_keys):
+            raise _unauthorized("a valid API key is required: Authorization: Bearer <key>")
+    elif path.startswith("/api/v1/"):
+        if settings.api_keys:
+            key = header("x-api-key") or _bearer(header("authorization"))
+            if not _matches(key, settings.api_keys):
+                raise _unauthorized("a valid API key is required: X-API-Key: <key>")
+    elif path.startswith("/admin"):
+        if settings.admin_token is not None:
+            if not _matches(_bearer(header("authorization")), (settings.admin_token,)):
+                raise _unauthorized("the admin token is required: Authorization: Bearer <token>")
+
+
+def _unauthorized(message: str) -> RequestError:
+    return RequestError(401, message, type="authentication_error", code="invalid_api_key")

@@ -1,0 +1,120 @@
+"""``trioforward serve``: the gateway under Hypercorn's trio worker.
+
+Every knob of :mod:`trioforward._settings` is a ``--kebab-case`` flag generated
+from :func:`~trioforward._settings.knobs` (so flags, environment names and docs
+cannot drift). Precedence, lowest to highest: defaults, ``--config`` TOML file,
+``TRIOFORWARD_<KNOB>`` environment, flags. A bad value exits with status 2 and a
+message naming the knob.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tomllib
+from typing import Any
+
+import click
+import trio
+
+from trioforward._settings import Knob, Settings, SettingsError, knobs
+
+__all__ = ["serve", "load_settings"]
+
+
+def _describe(knob: Knob) -> str:
+    default = knob.default
+    if isinstance(default, (tuple, dict)) and not default:
+        shown = "none"
+    elif default is None:
+        shown = "unset" if "unset" in knob.help or "None" not in knob.type else "unlimited"
+    else:
+        shown = str(default)
+    numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+    unit = f" {knob.unit}" if knob.unit and numeric else ""
+    return f"{knob.help}  [default: {shown}{unit}; env {knob.env}]"
+
+
+def _knob_options(func: Any) -> Any:
+    for knob in reversed(knobs()):
+        name = knob.name
+        if knob.type.startswith("bool"):
+            flag = f"{knob.flag}/--no-{knob.flag[2:]}"
+            option = click.option(flag, name, default=None, help=_describe(knob))
+        else:
+            metavar = (
+                knob.unit.upper().replace(" ", "_").replace("/", "_PER_") if knob.unit else "TEXT"
+            )
+            if knob.type.startswith(("tuple", "dict")):
+                metavar = "A,B,..." if knob.type.startswith("tuple") else "NAME=PATH,..."
+            option = click.option(
+                knob.flag, name, default=None, metavar=metavar, help=_describe(knob)
+            )
+        func = option(func)
+    return func
+
+
+def load_settings(
+    config_file: str | None, engine: tuple[str, ...], flags: dict[str, Any]
+) -> Settings:
+    """Settings from the file, environment and flags; ``--engine`` URLs are added to
+    ``--engines``. Raises :class:`click.UsageError` (exit status 2) naming the knob."""
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    if engine:
+        extra = tuple(e for part in engine for e in part.split(",") if e.strip())
+        listed = overrides.pop("engines", "")
+        overrides["engines"] = tuple(e for e in str(listed).split(",") if e.strip()) + extra
+    try:
+        return Settings.load(config_file=config_file, overrides=overrides)
+    except SettingsError as exc:
+        knob = next((k for k in knobs() if k.name == exc.knob), None)
+        where = f" ({knob.flag} / {knob.env})" if knob is not None else ""
+        raise click.UsageError(f"{exc}{where}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise click.UsageError(f"--config {config_file}: not valid TOML: {exc}") from None
+    except TypeError as exc:
+        raise click.UsageError(f"bad setting: {exc}") from None
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option(
+    "--engine",
+    "engine",
+    multiple=True,
+    metavar="URL",
+    help="engine base URL (repeatable), e.g. http://127.0.0.1:8001",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="TOML file of knobs (top level or [trioforward]); default $TRIOFORWARD_CONFIG",
+)
+@_knob_options
+def serve(engine: tuple[str, ...], config_file: str | None, **flags: Any) -> None:
+    """Run the gateway under Hypercorn's trio worker until SIGTERM/SIGINT, then drain
+    in-flight requests for --shutdown-grace seconds and exit 0."""
+    config_file = config_file or os.environ.get("TRIOFORWARD_CONFIG") or None
+    settings = load_settings(config_file, engine, flags)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from trioforward.server._app import create_app
+    from trioforward.server._serve import raise_open_files_limit
+    from trioforward.server._serve import serve as serve_app
+
+    nofile = raise_open_files_limit()
+    app = create_app(settings)
+    log = logging.getLogger("trioforward.server")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(serve_app, app, settings)
+            log.info("listening on %s (open files limit %d)", " ".join(binds), nofile)
+
+    trio.run(main)
+    log.info("stopped")

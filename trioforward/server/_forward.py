@@ -1,0 +1,335 @@
+"""The OpenAI data plane: ``POST /v1/completions`` and ``POST /v1/chat/completions``.
+
+These two routes carry nearly all of the gateway's traffic, so they are served by
+a small ASGI layer in front of the Quart app instead of by Quart views:
+
+- **one task per request, one cancel scope.** A disconnect watcher (awaiting the
+  ASGI ``http.disconnect`` message) and the forward run in one nursery; when the
+  client hangs up, the watcher cancels the forward, the dispatch core closes the
+  upstream connection at once (the engine aborts the generation, vLLM semantics)
+  and nothing is retried (DESIGN §4). A streamed body is relayed from inside the
+  ``client.stream`` block of the same task, so the upstream stream's lifetime is
+  syntactic — no generator handed to a framework that may never iterate or close
+  it;
+- **backpressure**: each chunk is passed to Hypercorn's ``send`` and awaited, so
+  the upstream is read only as fast as the client reads;
+- **cheap**: no request/response objects, header maps or context locals; the
+  engine's body bytes are sent as they came.
+
+Everything else (``/v1/models``, admin, metrics, Tinker) goes to Quart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import trio
+
+from trioforward.errors import EngineRejected, TrioforwardError
+from trioforward.server._auth import check_auth
+from trioforward.server._errors import RequestError, dispatch_error_body
+from trioforward.server._state import STATE_KEY, GatewayState
+from trioforward.server._validate import parse_body, validate_chat, validate_completion
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+__all__ = ["OpenAIForwarder", "ROUTES", "CLIENT_CLOSED"]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+ROUTES = {
+    "/v1/completions": validate_completion,
+    "/v1/chat/completions": validate_chat,
+}
+# nginx's "client closed request": logged and counted when the client hung up.
+CLIENT_CLOSED = 499
+# Request headers worth passing to the engine; everything else (the client's API
+# key above all) stays at the gateway.
+_FORWARDED = frozenset({b"x-request-id", b"x-session-id", b"traceparent", b"tracestate"})
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+access_log = logging.getLogger("trioforward.access")
+
+
+class _Disconnected(Exception):
+    """The client hung up while the request body was arriving."""
+
+
+class OpenAIForwarder:
+    """ASGI callable: serves :data:`ROUTES` itself and passes other scopes to ``inner``."""
+
+    def __init__(self, app: QuartTrio, inner: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+        self.inner = inner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in ROUTES:
+            await self._handle(scope, receive, send)
+        else:
+            await self.inner(scope, receive, send)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        state: GatewayState | None = self.app.extensions.get(STATE_KEY)
+        if state is None:
+            await _send_json(
+                send,
+                503,
+                b'{"error":{"message":"gateway is not serving","type":"server_error","code":"not_ready","param":null}}',
+            )
+            return
+        headers = {name: value for name, value in scope["headers"]}
+        log = _Outcome(path)
+        try:
+            try:
+                if scope["method"] != "POST":
+                    raise RequestError(405, f"{path} accepts POST only", code="method_not_allowed")
+                check_auth(state.settings, path, lambda n: _text(headers.get(n.encode())))
+                body = await _read_body(receive, headers, state.settings.max_body_size)
+                data = parse_body(body)
+                ROUTES[path](data)
+            except RequestError as err:
+                log.status = err.status
+                await _send_json(send, err.status, err.body())
+                return
+            except _Disconnected:
+                log.status = CLIENT_CLOSED
+                return
+            forward_headers = [(k, v) for k, v in headers.items() if k in _FORWARDED]
+            session = _text(headers.get(b"x-session-id"))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, log)
+                if data.get("stream"):
+                    await _relay_stream(
+                        state, path, data, body, forward_headers, session, send, log
+                    )
+                else:
+                    await _forward(state, path, data, body, forward_headers, session, send, log)
+                nursery.cancel_scope.cancel()
+        finally:
+            log.finish(state)
+
+
+async def _forward(
+    state: GatewayState,
+    path: str,
+    data: dict[str, Any],
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    session: str | None,
+    send: Send,
+    log: _Outcome,
+) -> None:
+    try:
+        response = await state.client.post(
+            path, json=data, content=body, headers=headers, session=session
+        )
+    except TrioforwardError as err:
+        await _send_dispatch_error(send, err, log)
+        return
+    log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
+    log.status = response.status
+    content_type = _header(response.headers, b"content-type") or b"application/json"
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", b"%d" % len(response.content)),
+            ],
+        }
+    )
+    log.complete = True
+    await send({"type": "http.response.body", "body": response.content, "more_body": False})
+
+
+async def _relay_stream(
+    state: GatewayState,
+    path: str,
+    data: dict[str, Any],
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    session: str | None,
+    send: Send,
+    log: _Outcome,
+) -> None:
+    started = trio.current_time()
+    try:
+        async with state.client.stream(
+            path, json=data, content=body, headers=headers, session=session
+        ) as fs:
+            log.dispatched(fs.engine, fs.attempts, fs.queue_time, None)
+            log.status = fs.status
+            if not 200 <= fs.status < 300:
+                # The engine refused before streaming: its error body goes back verbatim.
+                content = b"".join([chunk async for chunk in fs.aiter_bytes()])
+                content_type = _header(fs.headers, b"content-type") or b"application/json"
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": fs.status,
+                        "headers": [
+                            (b"content-type", content_type),
+                            (b"content-length", b"%d" % len(content)),
+                        ],
+                    }
+                )
+                log.complete = True
+                await send({"type": "http.response.body", "body": content, "more_body": False})
+                return
+            await send({"type": "http.response.start", "status": fs.status, "headers": _SSE})
+            last = b"\n\n"
+            try:
+                async for chunk in fs.aiter_bytes():
+                    if chunk:
+                        last = chunk
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except TrioforwardError as err:
+                # Mid-stream failure: an error event ends the stream, never a fake [DONE].
+                log.status, log.error = err.status, err.code
+                prefix = b"" if last.endswith(b"\n\n") else b"\n\n"
+                event = prefix + b"data: " + orjson.dumps(err.to_json()) + b"\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            log.complete = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except TrioforwardError as err:
+        await _send_dispatch_error(send, err, log)
+    finally:
+        if log.engine is not None:
+            log.engine_time = max(0.0, trio.current_time() - started - log.queue_time)
+
+
+async def _send_dispatch_error(send: Send, err: TrioforwardError, log: _Outcome) -> None:
+    log.dispatched(err.engine, err.attempts, err.queue_time, err.engine_time)
+    log.status, log.error = err.status, err.code
+    log.complete = True
+    if isinstance(err, EngineRejected):
+        content_type = _header(err.headers, b"content-type") or b"application/json"
+        await _send_json(send, err.status, err.body, content_type)
+    else:
+        await _send_json(send, err.status, dispatch_error_body(err))
+
+
+async def _watch_disconnect(
+    receive: Receive, cancel_scope: trio.CancelScope, log: _Outcome
+) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            # Hypercorn also reports a disconnect once the response is complete.
+            if not log.complete:
+                log.status = CLIENT_CLOSED
+                cancel_scope.cancel()
+            return
+
+
+async def _read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body larger than {limit} bytes", code="request_too_large")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(
+                    413, f"request body larger than {limit} bytes", code="request_too_large"
+                )
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _send_json(
+    send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", b"%d" % len(body))],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+class _Outcome:
+    """What one request's access-log line and metrics record (times in seconds)."""
+
+    __slots__ = (
+        "route",
+        "status",
+        "engine",
+        "attempts",
+        "queue_time",
+        "engine_time",
+        "error",
+        "complete",
+    )
+
+    def __init__(self, route: str) -> None:
+        self.route = route
+        self.status = 500
+        self.engine: str | None = None
+        self.attempts = 0
+        self.queue_time = 0.0
+        self.engine_time: float | None = None
+        self.error: str | None = None
+        self.complete = False  # the last body message is being sent
+
+    def dispatched(
+        self, engine: str | None, attempts: int, queue_time: float, engine_time: float | None
+    ) -> None:
+        self.engine, self.attempts, self.queue_time, self.engine_time = (
+            engine,
+            attempts,
+            queue_time,
+            engine_time,
+        )
+
+    def finish(self, state: GatewayState | None) -> None:
+        if state is None:
+            return
+        dispatched = self.attempts > 0 or self.engine is not None
+        if state.metrics is not None:
+            state.metrics.observe(
+                self.route,
+                self.status,
+                queue_time=self.queue_time if dispatched else None,
+                engine_time=self.engine_time if dispatched else None,
+            )
+        if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "POST %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s",
+                self.route,
+                self.status,
+                self.engine or "-",
+                self.attempts,
+                self.queue_time,
+                self.engine_time or 0.0,
+                f" error={self.error}" if self.error else "",
+            )

@@ -1,0 +1,163 @@
+"""Prometheus metrics of one gateway (DESIGN §5), exposed as text on ``/metrics``.
+
+Two sources, one registry per app (so several apps in one process never share
+series):
+
+- counters the dispatch core already keeps are *read* at scrape time by a
+  collector over ``client.statistics()``: retries by phase and reason, engine
+  responses by engine and status, in-flight and queued requests, pool
+  connections by state, adapter loads, engine health. Nothing is counted twice
+  and the request path pays nothing for them;
+- what only the server sees is observed per request: gateway responses by route
+  and status, and two separate histograms — time waiting for engine capacity
+  (``queue_wait``) and time from dispatch to the end of the response
+  (``engine_time``), both in seconds.
+
+Route modules (the Tinker routes) may call :meth:`Metrics.observe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from trioforward.dispatch import Client
+
+__all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
+
+# Queue waits run from microseconds (idle fleet) to many minutes (engines saturated
+# by a burst); engine times from milliseconds to the 2048 s dispatch deadline.
+_QUEUE_BUCKETS = (0.001, 0.005, 0.02, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200)
+_ENGINE_BUCKETS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 2048)
+
+
+class Metrics:
+    """The gateway's metrics. ``client_getter()`` returns the open dispatch client or
+    ``None`` (before startup / after shutdown)."""
+
+    def __init__(self, client_getter: Callable[[], Client | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._requests = Counter(
+            "trioforward_gateway_requests",
+            "Gateway responses by route and HTTP status (gateway-made errors included)",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self._queue_wait = Histogram(
+            "trioforward_queue_wait_seconds",
+            "Time a request waited for engine capacity (QUEUED), per request",
+            buckets=_QUEUE_BUCKETS,
+            registry=self.registry,
+        )
+        self._engine_time = Histogram(
+            "trioforward_engine_time_seconds",
+            "Time from dispatch (capacity acquired) to the end of the response, per request",
+            buckets=_ENGINE_BUCKETS,
+            registry=self.registry,
+        )
+        # labels() takes a lock and builds a tuple each call: cache the children.
+        self._children: dict[tuple[str, int], Any] = {}
+        self.registry.register(_ClientCollector(client_getter))
+
+    def observe(
+        self,
+        route: str,
+        status: int,
+        *,
+        queue_time: float | None = None,
+        engine_time: float | None = None,
+    ) -> None:
+        """Count one finished request; times in seconds (``None`` = not dispatched)."""
+        key = (route, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._requests.labels(route, str(status))
+        child.inc()
+        if queue_time is not None:
+            self._queue_wait.observe(queue_time)
+        if engine_time is not None and engine_time > 0:
+            self._engine_time.observe(engine_time)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition (content type :data:`CONTENT_TYPE_LATEST`)."""
+        return generate_latest(self.registry)
+
+
+class _ClientCollector:
+    """Reads the dispatch core's own counters at scrape time."""
+
+    def __init__(self, client_getter: Callable[[], Client | None]) -> None:
+        self._client_getter = client_getter
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        client = self._client_getter()
+        if client is None:
+            return
+        stats = client.statistics()
+        yield CounterMetricFamily(
+            "trioforward_dispatch_requests",
+            "Requests accepted by the dispatch core",
+            value=stats.requests_total,
+        )
+        retries = CounterMetricFamily(
+            "trioforward_retries",
+            "Upstream retries by failed phase and reason",
+            labels=["phase", "reason"],
+        )
+        for (phase, reason), count in sorted(stats.retries.items(), key=str):
+            retries.add_metric([str(phase), str(reason)], count)
+        yield retries
+        responses = CounterMetricFamily(
+            "trioforward_engine_responses",
+            "Engine answers by engine and HTTP status",
+            labels=["engine", "status"],
+        )
+        for (engine, status), count in sorted(stats.responses.items(), key=str):
+            responses.add_metric([engine, str(status)], count)
+        yield responses
+        loads = CounterMetricFamily(
+            "trioforward_adapter_loads",
+            "LoRA adapter loads by engine and adapter",
+            labels=["engine", "adapter"],
+        )
+        for (engine, adapter), count in sorted(stats.adapter_loads.items(), key=str):
+            loads.add_metric([engine, adapter], count)
+        yield loads
+        yield GaugeMetricFamily(
+            "trioforward_in_flight", "Requests dispatched to an engine", value=stats.in_flight
+        )
+        yield GaugeMetricFamily(
+            "trioforward_queued", "Requests waiting for engine capacity", value=stats.queued
+        )
+        pool = stats.pool
+        connections = GaugeMetricFamily(
+            "trioforward_pool_connections", "Upstream connections by state", labels=["state"]
+        )
+        for state in ("idle", "active", "connecting", "waiting"):
+            connections.add_metric([state], getattr(pool, state))
+        yield connections
+        for name in ("opened", "reused", "closed"):
+            yield CounterMetricFamily(
+                f"trioforward_pool_connections_{name}",
+                f"Upstream connections {name}",
+                value=getattr(pool, f"{name}_total"),
+            )
+        healthy = GaugeMetricFamily(
+            "trioforward_engine_healthy", "1 if the engine takes new work", labels=["engine"]
+        )
+        paused = GaugeMetricFamily(
+            "trioforward_engine_paused", "1 while paused for a weight update", labels=["engine"]
+        )
+        for info in client.engines.list():
+            healthy.add_metric([info.url], 1.0 if info.healthy else 0.0)
+            paused.add_metric([info.url], 1.0 if info.paused else 0.0)
+        yield healthy
+        yield paused

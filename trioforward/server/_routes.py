@@ -1,0 +1,234 @@
+"""Quart views: ``/health``, ``/metrics``, ``GET /v1/models`` and the admin API.
+
+Admin API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
+
+- ``GET /admin/engines`` -> ``{"engines": [{"url", "healthy", "paused", "in_flight",
+  "queued", "capacity", "consecutive_failures"}]}``
+- ``POST /admin/engines {"url"}`` adds an engine; ``DELETE /admin/engines {"url"}``
+  (or ``?url=``) removes it (its in-flight requests are aborted by the dispatch core).
+- ``POST /admin/pause {"engines": [url, ...] | null, "mode": "wait" | "abort"}``:
+  stops new dispatch (requests wait in QUEUED, no budget charged); answers once
+  in-flight requests have finished (``wait``) or been aborted (``abort``) — so a
+  trainer may update weights as soon as it returns. ``POST /admin/resume
+  {"engines": [...] | null}`` releases the queue in FIFO order.
+- ``GET/POST/DELETE /admin/adapters``: ``{"name", "path", "parent"?}`` registers a
+  LoRA adapter the gateway loads on demand.
+
+Engine URLs come only from here and from the configuration, never from a
+client request.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from trioforward._settings import SettingsError, _validate_engine_url
+from trioforward.server._errors import RequestError, bad_request
+from trioforward.server._metrics import CONTENT_TYPE_LATEST
+from trioforward.server._state import GatewayState, get_state
+
+__all__ = ["install_routes"]
+
+_PARENTS = "adapter_parents"  # GatewayState.extras key: adapter name -> base model
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def _body() -> dict[str, Any]:
+    raw = await request.get_data(as_text=False)
+    if not raw:
+        return {}
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("request body must be a JSON object")
+    return data
+
+
+def _engine_list(data: dict[str, Any]) -> list[str] | None:
+    engines = data.get("engines")
+    if engines is None:
+        return None
+    if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
+        raise bad_request("'engines' must be a list of engine URLs", "engines")
+    return [e.rstrip("/") for e in engines]
+
+
+def _url(value: object) -> str:
+    if not isinstance(value, str):
+        raise bad_request("'url' must be an engine URL (http://host:port)", "url")
+    try:
+        _validate_engine_url(value)
+    except SettingsError as exc:
+        raise bad_request(str(exc), "url") from None
+    return value.rstrip("/")
+
+
+def _engines_json(state: GatewayState) -> dict[str, Any]:
+    return {
+        "engines": [
+            {
+                "url": e.url,
+                "healthy": e.healthy,
+                "paused": e.paused,
+                "in_flight": e.in_flight,
+                "queued": e.queued,
+                "capacity": e.capacity,
+                "consecutive_failures": e.consecutive_failures,
+            }
+            for e in state.client.engines.list()
+        ]
+    }
+
+
+async def _engine_models(state: GatewayState) -> list[dict[str, Any]]:
+    """``GET /v1/models`` of every engine at once, within ``health_timeout``; an engine
+    that does not answer is left out."""
+    from trioforward.http import open_pool
+
+    urls = [e.url for e in state.client.engines.list()]
+    answers: list[dict[str, Any]] = []
+    timeout = state.settings.health_timeout
+
+    async def one(pool: Any, url: str) -> None:
+        try:
+            response = await pool.request(
+                "GET", url + "/v1/models", deadline=trio.current_time() + timeout
+            )
+            if response.status == 200:
+                data = orjson.loads(response.content).get("data", [])
+                answers.extend(m for m in data if isinstance(m, dict) and "id" in m)
+        except Exception:  # noqa: BLE001 - one broken engine must not break the listing
+            pass
+
+    async with open_pool(connect_timeout=timeout, idle_expiry=math.inf) as pool:
+        async with trio.open_nursery() as nursery:
+            for url in urls:
+                nursery.start_soon(one, pool, url)
+    return answers
+
+
+def install_routes(app: QuartTrio) -> None:
+    """Registers the views on ``app``."""
+
+    @app.get("/health")
+    async def health() -> Response:
+        state: GatewayState | None = app.extensions.get("trioforward")
+        if state is None:
+            return _json({"status": "starting"}, 503)
+        engines = state.client.engines.list()
+        return _json(
+            {
+                "status": "ok",
+                "engines": len(engines),
+                "healthy_engines": sum(1 for e in engines if e.healthy and not e.paused),
+            }
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(get_state().metrics.render(), content_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        state = get_state()
+        seen: dict[str, dict[str, Any]] = {}
+        for model in await _engine_models(state):
+            seen.setdefault(model["id"], model)
+        bases = [m["id"] for m in seen.values() if not m.get("parent")]
+        parents: dict[str, str] = state.extras.get(_PARENTS, {})
+        for name, path in state.client.adapters.list().items():
+            if name not in seen:
+                seen[name] = {
+                    "id": name,
+                    "object": "model",
+                    "owned_by": "trioforward",
+                    "root": path,
+                    "parent": parents.get(name) or (bases[0] if len(bases) == 1 else None),
+                }
+        return _json({"object": "list", "data": list(seen.values())})
+
+    @app.get("/admin/engines")
+    async def list_engines() -> Response:
+        return _json(_engines_json(get_state()))
+
+    @app.post("/admin/engines")
+    async def add_engine() -> Response:
+        state = get_state()
+        url = _url((await _body()).get("url"))
+        state.client.engines.add(url)
+        return _json(_engines_json(state), 201)
+
+    @app.delete("/admin/engines")
+    async def remove_engine() -> Response:
+        state = get_state()
+        url = _url(request.args.get("url") or (await _body()).get("url"))
+        if url not in {e.url for e in state.client.engines.list()}:
+            raise RequestError(404, f"no engine {url}", code="engine_not_found", param="url")
+        state.client.engines.remove(url)
+        return _json(_engines_json(state))
+
+    @app.post("/admin/pause")
+    async def pause() -> Response:
+        state = get_state()
+        data = await _body()
+        mode = data.get("mode", "wait")
+        if mode not in ("wait", "abort"):
+            raise bad_request('\'mode\' must be "wait" or "abort"', "mode")
+        await state.client.pause(engines=_engine_list(data), mode=mode)
+        return _json(_engines_json(state))
+
+    @app.post("/admin/resume")
+    async def resume() -> Response:
+        state = get_state()
+        await state.client.resume(engines=_engine_list(await _body()))
+        return _json(_engines_json(state))
+
+    @app.get("/admin/adapters")
+    async def list_adapters() -> Response:
+        state = get_state()
+        parents: dict[str, str] = state.extras.get(_PARENTS, {})
+        adapters = state.client.adapters.list()
+        return _json(
+            {
+                "adapters": [
+                    {"name": n, "path": p, "parent": parents.get(n)} for n, p in adapters.items()
+                ]
+            }
+        )
+
+    @app.post("/admin/adapters")
+    async def register_adapter() -> Response:
+        state = get_state()
+        data = await _body()
+        name, path, parent = data.get("name"), data.get("path"), data.get("parent")
+        if not isinstance(name, str) or not name:
+            raise bad_request("'name' must be a non-empty string", "name")
+        if not isinstance(path, str) or not path:
+            raise bad_request("'path' must be a non-empty string", "path")
+        if parent is not None and not isinstance(parent, str):
+            raise bad_request("'parent' must be a string", "parent")
+        state.client.adapters.register(name, path)
+        if parent:
+            state.extras.setdefault(_PARENTS, {})[name] = parent
+        return _json({"name": name, "path": path, "parent": parent}, 201)
+
+    @app.delete("/admin/adapters")
+    async def unregister_adapter() -> Response:
+        state = get_state()
+        name = request.args.get("name") or (await _body()).get("name")
+        if not isinstance(name, str) or name not in state.client.adapters.list():
+            raise RequestError(404, f"no adapter {name!r}", code="adapter_not_found", param="name")
+        state.client.adapters.unregister(name)
+        state.extras.get(_PARENTS, {}).pop(name, None)
+        return _json({"name": name, "deleted": True})

@@ -1,0 +1,113 @@
+"""Running the app under Hypercorn's trio worker, programmatically (DESIGN §5).
+
+``hypercorn_config(settings)`` holds every Hypercorn choice the gateway makes for
+bursts and long generations; :func:`serve` runs an app until SIGTERM/SIGINT (or a
+given trigger) and then drains: the listening sockets close at once, idle
+keep-alive connections are closed, in-flight requests get ``shutdown_grace``
+seconds to finish, then every remaining connection is cancelled (its forward too,
+so its engine aborts the work) and the app's shutdown closes the dispatch client.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from trioforward._settings import Settings
+
+__all__ = ["hypercorn_config", "serve", "somaxconn", "raise_open_files_limit"]
+
+log = logging.getLogger("trioforward.server")
+
+
+def somaxconn(default: int = 4096) -> int:
+    """The kernel's cap on a listen backlog (``/proc/sys/net/core/somaxconn``)."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return default
+
+
+def raise_open_files_limit() -> int:
+    """Raises the soft ``RLIMIT_NOFILE`` to the hard limit; returns the new soft limit.
+
+    Each client connection and each upstream connection is a descriptor: a burst of
+    8192 requests needs about 16 k, well above the usual soft limit of 1024.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def hypercorn_config(settings: Settings, *, bind: str | None = None) -> Config:
+    """Hypercorn settings of the gateway.
+
+    - backlog ``settings.backlog`` (4096), capped by ``somaxconn`` (Linux silently
+      truncates a larger value anyway; capping makes the effective value visible);
+    - keep-alive ``settings.keep_alive`` (75 s, above the 60 s of common client idle
+      timeouts, so the client closes first and never races a server close), and no
+      cap on requests per keep-alive connection (Hypercorn's default closes after 1000);
+    - ``graceful_timeout`` = ``shutdown_grace``; no read timeout (a trainer may hold
+      a connection through a long generation);
+    - Hypercorn's own access log off: the gateway writes one line per request itself.
+    """
+    config = Config()
+    if bind is None:
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        bind = f"{host}:{settings.port}"
+    config.bind = [bind]
+    config.backlog = min(settings.backlog, somaxconn())
+    config.keep_alive_timeout = settings.keep_alive
+    config.keep_alive_max_requests = 2**62
+    config.graceful_timeout = settings.shutdown_grace
+    config.read_timeout = None
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.loglevel = settings.log_level.upper()
+    config.include_server_header = False
+    return config
+
+
+async def _signalled() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s received: draining (grace period applies)", signal.Signals(signum).name)
+            return
+
+
+async def serve(
+    app: Any,
+    settings: Settings,
+    *,
+    bind: str | None = None,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serves ``app`` until ``shutdown_trigger()`` returns (default: SIGTERM or SIGINT),
+    then drains as described above and returns normally.
+
+    ``task_status.started()`` gets the bound URLs (``["http://127.0.0.1:8000"]``);
+    ``bind="127.0.0.1:0"`` picks a free port.
+    """
+    config = hypercorn_config(settings, bind=bind)
+    await hypercorn_serve(
+        app,
+        config,
+        shutdown_trigger=shutdown_trigger or _signalled,
+        task_status=task_status,
+        mode="asgi",
+    )
