@@ -1,0 +1,245 @@
+"""Tinker request bodies -> what the engine is asked, and sampler (sampling session) identity.
+
+Sans-IO: parses the SDK's JSON (unknown fields are ignored, as newer SDKs send
+more) and builds the vLLM ``/v1/completions`` body once, as bytes, so an
+outstanding sample costs its prompt in JSON form and nothing else.
+
+Sampling session ids are self-describing (``"s-" + base64url(JSON)``): a gateway
+that restarted, or a second gateway behind the same address, still knows which
+model a sampler names, so a trainer's ``asample`` never fails on an id the
+gateway forgot.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "BadRequest",
+    "Sampler",
+    "SampleJob",
+    "make_sampler",
+    "sampler_from_id",
+    "parse_sample",
+    "adapter_for_path",
+]
+
+
+class BadRequest(ValueError):
+    """The SDK's request cannot be served (HTTP 400, terminal for the SDK)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sampler:
+    """A sampling session. ``model`` is the engine's model name (base or adapter)."""
+
+    sampler_id: str
+    base_model: str
+    model_path: str | None
+    model: str
+    adapter_path: str | None  # set when ``model`` is an adapter loaded from this path
+
+
+@dataclass(slots=True)
+class SampleJob:
+    """One ``asample``, ready to forward: ``body`` is the engine JSON, encoded once."""
+
+    model: str
+    body: bytes
+    session: str  # X-Session-ID "<sampling_session_id>:<seq_id>"
+    num_samples: int
+    prompt_logprobs_last_n: int | None  # NaN out prompt logprobs before the last n
+
+
+_TINKER = "tinker://"
+
+
+def adapter_for_path(
+    model_path: str, adapter_root: str, registered: set[str] | dict[str, str]
+) -> tuple[str, str | None]:
+    """``(engine model name, adapter path or None)`` for a sampler's ``model_path``.
+
+    - a registered adapter name, bare or as ``tinker://NAME``: that adapter;
+    - ``tinker://RUN/sampler_weights/NAME``: adapter ``RUN_NAME`` at
+      ``<adapter_root>/RUN/NAME`` (to be registered with the dispatch core, which
+      loads it on the engines on demand).
+
+    Raises :class:`BadRequest` for anything else.
+    """
+    name = model_path[len(_TINKER) :] if model_path.startswith(_TINKER) else model_path
+    if name in registered:
+        return name, None
+    parts = name.split("/")
+    if model_path.startswith(_TINKER) and len(parts) == 3 and parts[1] == "sampler_weights":
+        run, _, weights = parts
+        for part in (run, weights):
+            if not part or part in (".", "..") or "\\" in part:
+                raise BadRequest(f"model_path {model_path!r}: bad path segment {part!r}")
+        return f"{run}_{weights}", os.path.join(adapter_root, run, weights)
+    raise BadRequest(
+        f"model_path {model_path!r} is neither a registered adapter nor "
+        "tinker://RUN/sampler_weights/NAME"
+    )
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def make_sampler(
+    session_id: str,
+    seq: int,
+    base_model: str | None,
+    model_path: str | None,
+    adapter_root: str,
+    registered: set[str] | dict[str, str],
+) -> Sampler:
+    """The sampler a ``create_sampling_session`` asks for (same inputs -> same id)."""
+    if not base_model and not model_path:
+        raise BadRequest("create_sampling_session needs base_model or model_path")
+    ident = _b64(orjson.dumps([session_id, seq, base_model, model_path]))
+    return _sampler("s-" + ident, base_model, model_path, adapter_root, registered)
+
+
+def _sampler(
+    sampler_id: str,
+    base_model: str | None,
+    model_path: str | None,
+    adapter_root: str,
+    registered: set[str] | dict[str, str],
+) -> Sampler:
+    if model_path:
+        model, adapter_path = adapter_for_path(model_path, adapter_root, registered)
+    else:
+        assert base_model
+        model, adapter_path = base_model, None
+    # The SDK only uses base_model to pick a tokenizer; an adapter named without
+    # its base answers with the adapter's own name.
+    return Sampler(sampler_id, base_model or model, model_path, model, adapter_path)
+
+
+def sampler_from_id(
+    sampler_id: str, adapter_root: str, registered: set[str] | dict[str, str]
+) -> Sampler | None:
+    """Decode a sampler id made by :func:`make_sampler`; ``None`` if it is not one."""
+    if not sampler_id.startswith("s-"):
+        return None
+    raw = sampler_id[2:]
+    try:
+        fields = orjson.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        _, _, base_model, model_path = fields
+    except (ValueError, TypeError):
+        return None
+    if not (base_model is None or isinstance(base_model, str)) or not (
+        model_path is None or isinstance(model_path, str)
+    ):
+        return None
+    try:
+        return _sampler(sampler_id, base_model, model_path, adapter_root, registered)
+    except BadRequest:
+        return None
+
+
+def _int(params: dict[str, Any], name: str, default: int | None) -> int | None:
+    value = params.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer")
+    return value
+
+
+def _float(params: dict[str, Any], name: str, default: float) -> float:
+    value = params.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise BadRequest(f"{name} must be a number")
+    return float(value)
+
+
+def _prompt_tokens(prompt: Any) -> list[int]:
+    if not isinstance(prompt, dict) or not isinstance(prompt.get("chunks"), list):
+        raise BadRequest("prompt must be {'chunks': [...]}")
+    tokens: list[int] = []
+    for chunk in prompt["chunks"]:
+        kind = chunk.get("type", "encoded_text") if isinstance(chunk, dict) else None
+        if kind != "encoded_text" or not isinstance(chunk.get("tokens"), list):
+            raise BadRequest(
+                f"prompt chunks of type {kind!r} are not supported (only encoded_text)"
+            )
+        tokens.extend(chunk["tokens"])
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise BadRequest("prompt tokens must be integers")
+    return tokens
+
+
+_UNSUPPORTED = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
+
+
+def parse_sample(request: dict[str, Any], sampler: Sampler) -> SampleJob:
+    """The engine request for one ``asample`` body. Raises :class:`BadRequest`.
+
+    Engine body (vLLM ``/v1/completions``): ``model``, ``prompt`` = token ids,
+    ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
+    ``stop`` (strings) or ``stop_token_ids`` (ints; ``[]`` = ignore EOS, the SDK's
+    "disable every stop token"), ``logprobs: 1`` (an integer: some routers reject
+    ``true``), ``return_token_ids``, ``prompt_logprobs: 1`` when asked, ``stream``.
+    """
+    num_samples = _int(request, "num_samples", 1)
+    if num_samples is None or num_samples < 1:
+        raise BadRequest("num_samples must be >= 1")
+    for name in _UNSUPPORTED:
+        if request.get(name):
+            raise BadRequest(f"{name} is not supported by this gateway")
+    if request.get("target_prompt_logprobs") is not None:
+        raise BadRequest("target_prompt_logprobs is not supported by this gateway")
+    tokens = _prompt_tokens(request.get("prompt"))
+    params = request.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("sampling_params must be an object")
+    body: dict[str, Any] = {
+        "model": sampler.model,
+        "prompt": tokens,
+        "n": num_samples,
+        "temperature": _float(params, "temperature", 1.0),
+        "top_p": _float(params, "top_p", 1.0),
+        "top_k": _int(params, "top_k", -1),
+        "logprobs": 1,
+        "return_token_ids": True,
+        "stream": False,
+    }
+    max_tokens = _int(params, "max_tokens", None)
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    seed = _int(params, "seed", None)
+    if seed is not None:
+        body["seed"] = seed
+    stop = params.get("stop")
+    if isinstance(stop, str):
+        body["stop"] = [stop]
+    elif isinstance(stop, list):
+        if not stop:
+            body["ignore_eos"] = True
+        elif all(isinstance(s, str) for s in stop):
+            body["stop"] = stop
+        elif all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+            body["stop_token_ids"] = stop
+        else:
+            raise BadRequest("stop must be strings or token ids, not a mix")
+    elif stop is not None:
+        raise BadRequest("stop must be a string or a list")
+    last_n = None
+    if request.get("prompt_logprobs"):
+        body["prompt_logprobs"] = 1
+        last_n = _int(request, "prompt_logprobs_last_n", None)
+        if last_n is not None and not 1 <= last_n < max(len(tokens), 2):
+            raise BadRequest("prompt_logprobs_last_n must be between 1 and len(prompt) - 1")
+    session = f"{sampler.sampler_id}:{request.get('seq_id')}"
+    return SampleJob(sampler.model, orjson.dumps(body), session, num_samples, last_n)

@@ -1,0 +1,239 @@
+"""The ``/api/v1`` routes the official ``tinker`` SDK calls on its sampling path.
+
+Read from the SDK's source (0.38: ``lib/internal_client_holder.py``,
+``lib/public_interfaces/service_client.py``, ``sampling_client.py``,
+``lib/api_future_impl.py``, ``resources/*.py``), in the order a
+``ServiceClient().create_sampling_client(...).sample(...)`` makes them:
+
+``client/config`` -> ``client/dynamic_config`` -> ``create_session`` ->
+``create_sampling_session`` -> (``samplers/{id}`` when only ``model_path`` was
+given) -> ``asample`` -> ``retrieve_future`` (re-polled) ... ``session_heartbeat``
+every 10 s, ``telemetry``, and ``sessions/{id}/finish`` on ``close()``.
+
+The SDK validates responses strictly (``_strict_response_validation``): each
+answer carries the literal ``type`` its pydantic model expects.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from quart import Blueprint, Response, request
+
+from trioforward.server.tinker._futures import Future, FutureGone, FutureUnknown, StoreFull
+from trioforward.server.tinker._requests import BadRequest, make_sampler, parse_sample
+from trioforward.server.tinker._state import tinker_state
+from trioforward.server.tinker._wire import JSON, TRY_AGAIN
+
+__all__ = ["blueprint", "CLIENT_CONFIG", "DYNAMIC_CONFIG"]
+
+log = logging.getLogger("trioforward.tinker")
+
+blueprint = Blueprint("tinker", __name__, url_prefix="/api/v1")
+
+# ClientConfigResponse flags (tinker/types/client_config_response.py):
+# - pjwt_auth_enabled false: plain X-API-Key auth, no JWT exchange (/auth/token).
+# - use_pyqwest_transport false: the SDK's plain httpx transport (HTTP/1.1 over
+#   http://), the transport this gateway is tested with.
+# - sample_use_retrieve_futures / sample_join_sampling_session false: the SDK polls
+#   retrieve_future per request and pickled clients pick their own clone ids.
+CLIENT_CONFIG = orjson.dumps(
+    {
+        "pjwt_auth_enabled": False,
+        "credential_default_source": "api_key",
+        "use_pyqwest_transport": False,
+        "sample_use_retrieve_futures": False,
+        "sample_join_sampling_session": False,
+        "sample_max_concurrent_requests": 2000,
+        "sample_no_retries": False,
+    }
+)
+# ClientDynamicConfigResponse: no explicit cancels (abandoning a poll never
+# cancels a generation here).
+DYNAMIC_CONFIG = orjson.dumps({"refresh_interval_sec": 300, "sample_cancel_enabled": False})
+
+
+def _json(body: bytes | dict[str, Any], status: int = 200) -> Response:
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    return Response(data, status=status, content_type=JSON)
+
+
+def _error(status: int, message: str, code: str) -> Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
+    return _json(body, status)
+
+
+async def _body() -> dict[str, Any]:
+    raw = await request.get_data(cache=False, as_text=False)
+    if not raw:
+        return {}
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise BadRequest(f"body is not JSON: {err}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("body must be a JSON object")
+    return doc
+
+
+@blueprint.errorhandler(BadRequest)
+async def _bad_request(err: BadRequest) -> Response:
+    return _error(400, str(err), "invalid_request")
+
+
+@blueprint.route("/client/config", methods=["POST"])
+async def client_config() -> Response:
+    return _json(CLIENT_CONFIG)
+
+
+@blueprint.route("/client/dynamic_config", methods=["POST"])
+async def client_dynamic_config() -> Response:
+    return _json(DYNAMIC_CONFIG)
+
+
+@blueprint.route("/healthz", methods=["GET"])
+async def healthz() -> Response:
+    return _json({"status": "ok"})
+
+
+@blueprint.route("/create_session", methods=["POST"])
+async def create_session() -> Response:
+    await _body()
+    return _json({"type": "create_session", "session_id": "sess-" + secrets.token_hex(8)})
+
+
+@blueprint.route("/session_heartbeat", methods=["POST"])
+async def session_heartbeat() -> Response:
+    await _body()
+    return _json({"type": "session_heartbeat"})
+
+
+@blueprint.route("/sessions/<session_id>/finish", methods=["POST"])
+async def finish_session(session_id: str) -> Response:
+    return _json({})
+
+
+@blueprint.route("/telemetry", methods=["POST"])
+async def telemetry() -> Response:
+    await request.get_data(cache=False)
+    return _json({"status": "accepted"})
+
+
+@blueprint.route("/get_server_capabilities", methods=["GET", "POST"])
+async def get_server_capabilities() -> Response:
+    state = tinker_state()
+    models = [
+        {"model_name": m, "sampleable": True, "trainable": False} for m in state.known_models()
+    ]
+    return _json({"supported_models": models})
+
+
+@blueprint.route("/create_sampling_session", methods=["POST"])
+async def create_sampling_session() -> Response:
+    body = await _body()
+    state = tinker_state()
+    seq = body.get("sampling_session_seq_id", 0)
+    sampler = make_sampler(
+        str(body.get("session_id", "")),
+        seq if isinstance(seq, int) else 0,
+        body.get("base_model") or None,
+        body.get("model_path") or None,
+        state.adapter_root,
+        state.registered_adapters(),
+    )
+    state.remember(sampler)
+    return _json({"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id})
+
+
+@blueprint.route("/samplers/<sampler_id>", methods=["GET"])
+async def get_sampler(sampler_id: str) -> Response:
+    sampler = tinker_state().sampler(sampler_id)
+    if sampler is None:
+        return _error(404, f"unknown sampler {sampler_id!r}", "not_found")
+    return _json(
+        {
+            "sampler_id": sampler.sampler_id,
+            "base_model": sampler.base_model,
+            "model_path": sampler.model_path,
+        }
+    )
+
+
+@blueprint.route("/asample", methods=["POST"])
+async def asample() -> Response:
+    body = await _body()
+    state = tinker_state()
+    sampler_id = body.get("sampling_session_id")
+    if sampler_id is not None:
+        sampler = state.sampler(str(sampler_id))
+        if sampler is None:
+            return _error(404, f"unknown sampling session {sampler_id!r}", "not_found")
+    else:  # the older stateless form names the model in the request itself
+        sampler = make_sampler(
+            "",
+            0,
+            body.get("base_model") or None,
+            body.get("model_path") or None,
+            state.adapter_root,
+            state.registered_adapters(),
+        )
+        state.remember(sampler)
+    seq_id = body.get("seq_id")
+    key = (sampler.sampler_id, seq_id) if sampler_id is not None and seq_id is not None else None
+    future = state.store.lookup_key(key)
+    if future is None:
+        job = parse_sample(body, sampler)
+        try:
+            future, created = state.store.submit(key, job.num_samples)
+        except StoreFull as err:
+            return _error(429, f"gateway queue is full: {err}", "queue_full")
+        if created:
+            state.runner.submit(future, job)
+    return _json(
+        {"request_id": future.request_id, "sample_sequence_ids": future.sample_sequence_ids}
+    )
+
+
+@blueprint.route("/retrieve_future", methods=["POST"])
+async def retrieve_future() -> Response:
+    body = await _body()
+    request_id = body.get("request_id")
+    if not isinstance(request_id, str):
+        raise BadRequest("request_id must be a string")
+    store = tinker_state().store
+    try:
+        future = await store.wait(request_id)
+    except FutureUnknown:
+        return _error(404, f"future {request_id!r} was never issued", "not_found")
+    except FutureGone:
+        return _error(410, f"future {request_id!r} is no longer held; resubmit", "gone")
+    if future is None:
+        return _json(TRY_AGAIN, 408)
+    return _deliver(store, future)
+
+
+@blueprint.route("/cancel_future", methods=["POST"])
+async def cancel_future() -> Response:
+    # Accepted and ignored: a sample, once admitted, runs to completion.
+    await request.get_data(cache=False)
+    return _json({})
+
+
+def _deliver(store: Any, future: Future) -> Response:
+    """The stored bytes as-is; marked delivered once they were handed to a live connection."""
+    data = future.body
+
+    async def body() -> AsyncIterator[bytes]:
+        yield data
+        # Resumed only after the ASGI send of ``data`` returned; a client that went
+        # away before that cancels this response (quart-trio), and the result stays
+        # undelivered for the next poll.
+        store.mark_delivered(future)
+
+    response = Response(body(), status=200, content_type=future.content_type)
+    response.headers["Content-Length"] = str(len(data))
+    return response

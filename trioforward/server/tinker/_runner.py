@@ -1,0 +1,155 @@
+"""Running Tinker samples on the engines, in the server's lifetime nursery.
+
+``asample`` answers at once; the sample is queued here and forwarded by a worker
+task that belongs to the *server's* nursery (``GatewayState.nursery``), not to
+the request: a client that abandons its poll never cancels the generation (the
+opposite of the OpenAI path, where a hang-up aborts the engine's work).
+
+Workers, not a task per sample: an outstanding sample is a ``(Future, SampleJob)``
+pair in a deque (a few hundred bytes plus its prompt as JSON), and at most
+``limit()`` workers run, about the engines' total capacity, so what waits beyond
+that waits here, cheaply, instead of as parked tasks in the dispatch queue.
+Workers start on demand and exit when the queue is empty: O(1) per sample.
+
+Each result is decoded once (``trioforward.codec``, numpy arrays) and encoded
+once (protobuf ``SampleResponse`` or the SDK's error object); the store serves
+those bytes on every retrieval.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+import trio
+
+from trioforward.server.tinker._futures import Future, FutureStore
+from trioforward.server.tinker._requests import SampleJob
+from trioforward.server.tinker._wire import (
+    JSON,
+    LENGTH,
+    PROTOBUF,
+    STOP,
+    encode_error,
+    encode_sample_response,
+)
+
+__all__ = ["SampleRunner", "run_sample", "encode_completion"]
+
+log = logging.getLogger("trioforward.tinker")
+
+_HEADERS_CT = ("Content-Type", "application/json")
+
+
+def encode_completion(body: bytes, job: SampleJob) -> tuple[bytes, str]:
+    """An engine's 2xx ``/v1/completions`` body -> ``(bytes, content type)`` for the SDK."""
+    from trioforward.codec import decode_completion
+
+    completion = decode_completion(body)
+    choices = sorted(completion.choices, key=lambda c: c.index)
+    if len(choices) != job.num_samples:
+        # The SDK asserts one sequence per sample_sequence_id it was given.
+        message = f"engine returned {len(choices)} choices for n={job.num_samples}"
+        return encode_error(message, "server"), JSON
+    prompt_lp = completion.prompt_logprobs
+    if prompt_lp is not None and job.prompt_logprobs_last_n is not None:
+        prompt_lp = prompt_lp.copy()
+        prompt_lp[: max(len(prompt_lp) - job.prompt_logprobs_last_n, 0)] = np.nan
+    sequences = [
+        (c.tokens, c.logprobs, STOP if c.finish_reason == "stop" else LENGTH) for c in choices
+    ]
+    return encode_sample_response(sequences, prompt_lp), PROTOBUF
+
+
+def _engine_error_message(status: int, body: bytes) -> str:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return f"engine answered {status}: {body[:500].decode('utf-8', 'replace')}"
+    if isinstance(doc, dict):
+        err = doc.get("error", doc)
+        if isinstance(err, dict) and err.get("message"):
+            return f"engine answered {status}: {err['message']}"
+        if isinstance(doc.get("detail"), str):
+            return f"engine answered {status}: {doc['detail']}"
+    return f"engine answered {status}"
+
+
+async def run_sample(client: Any, job: SampleJob) -> tuple[bytes, str]:
+    """Forward one sample and encode its outcome. Never raises (except Cancelled).
+
+    Category (``tinker.types.RequestErrorCategory``): an engine 4xx is the user's
+    request (bad parameters, unknown model), except 408/429 (capacity); anything
+    else (5xx, gateway-level dispatch failures, bad bodies) is "server".
+    """
+    from trioforward.errors import TrioforwardError
+
+    try:
+        response = await client.post(
+            "/v1/completions",
+            content=job.body,
+            json={"model": job.model},
+            headers=[("X-Session-ID", job.session), _HEADERS_CT],
+        )
+    except TrioforwardError as err:
+        return encode_error(f"{type(err).__name__}: {err.message}", "server"), JSON
+    except Exception as err:  # a bug must fail one sample, not the server's nursery
+        log.exception("tinker sample failed")
+        return encode_error(f"gateway error: {type(err).__name__}: {err}", "server"), JSON
+    status = response.status
+    if not 200 <= status < 300:
+        category = "user" if 400 <= status < 500 and status not in (408, 429) else "server"
+        return encode_error(_engine_error_message(status, response.content), category), JSON
+    try:
+        return encode_completion(response.content, job)
+    except Exception as err:
+        log.warning("undecodable engine answer for %s: %s", job.session, err)
+        return encode_error(f"undecodable engine answer: {err}", "server"), JSON
+
+
+class SampleRunner:
+    """A FIFO of outstanding samples and the worker tasks that forward them.
+
+    ``limit``: how many workers may run (read on each submit, so engines added
+    at runtime raise it). ``nursery``: the server-lifetime nursery.
+    """
+
+    def __init__(
+        self, store: FutureStore, client: Any, nursery: trio.Nursery, limit: Callable[[], int]
+    ) -> None:
+        self.store = store
+        self.client = client
+        self.nursery = nursery
+        self.limit = limit
+        self._queue: deque[tuple[Future, SampleJob]] = deque()
+        self._workers = 0
+        self.completed_total = 0
+
+    def submit(self, future: Future, job: SampleJob) -> None:
+        """Queue a sample; start a worker if fewer than ``limit()`` run."""
+        self._queue.append((future, job))
+        if self._workers < self.limit():
+            self._workers += 1
+            self.nursery.start_soon(self._worker)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def workers(self) -> int:
+        return self._workers
+
+    async def _worker(self) -> None:
+        try:
+            while self._queue:
+                future, job = self._queue.popleft()
+                body, content_type = await run_sample(self.client, job)
+                self.store.resolve(future, body, content_type)
+                self.completed_total += 1
+        finally:
+            self._workers -= 1

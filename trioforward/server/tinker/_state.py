@@ -1,0 +1,97 @@
+"""The Tinker routes' own state, kept in ``GatewayState.extras["tinker"]``.
+
+Created lazily by the first Tinker request (so it does not depend on the order
+of the app's ``before_serving`` hooks) from the gateway's settings, dispatch
+client and server-lifetime nursery, and dropped with the ``GatewayState``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from trioforward.server._state import GatewayState, get_state
+from trioforward.server.tinker._futures import FutureStore
+from trioforward.server.tinker._requests import Sampler, sampler_from_id
+from trioforward.server.tinker._runner import SampleRunner
+
+__all__ = ["TinkerState", "tinker_state", "EXTRAS_KEY"]
+
+EXTRAS_KEY = "tinker"
+log = logging.getLogger("trioforward.tinker")
+
+# Workers when engines declare no capacity (engine_capacity = 0, unlimited).
+UNLIMITED_WORKERS = 16384
+
+
+class TinkerState:
+    """Future store, sample runner and known samplers of one serving app."""
+
+    def __init__(self, gateway: GatewayState) -> None:
+        settings = gateway.settings
+        self.client = gateway.client
+        self.adapter_root = settings.adapter_root
+        self.store = FutureStore(
+            hold=settings.future_hold,
+            retention=settings.future_retention,
+            max_retained=settings.max_retained_futures,
+            max_outstanding=settings.max_queued,
+        )
+        self.runner = SampleRunner(self.store, self.client, gateway.nursery, self._worker_limit)
+        self._capacity = settings.engine_capacity
+        self._samplers: dict[str, Sampler] = {}
+        self._models: dict[str, None] = {}
+
+    def _worker_limit(self) -> int:
+        if not self._capacity:
+            return UNLIMITED_WORKERS
+        try:
+            engines = len(self.client.engines.list())
+        except Exception:  # an engine registry without list(): one engine's worth
+            engines = 1
+        return self._capacity * max(engines, 1)
+
+    def registered_adapters(self) -> dict[str, str]:
+        """Adapter names the dispatch core knows (name -> path)."""
+        try:
+            adapters: dict[str, str] = self.client.adapters.list()
+        except Exception:
+            return {}
+        return adapters
+
+    def remember(self, sampler: Sampler) -> None:
+        """Keep the sampler; register its adapter so the dispatch core loads it on demand."""
+        if sampler.sampler_id in self._samplers:
+            return
+        if sampler.adapter_path is not None and not self.client.adapters.is_adapter(sampler.model):
+            self.client.adapters.register(sampler.model, sampler.adapter_path)
+            log.info("tinker adapter %s registered at %s", sampler.model, sampler.adapter_path)
+        self._samplers[sampler.sampler_id] = sampler
+        self._models[sampler.base_model] = None
+        self._models[sampler.model] = None
+
+    def sampler(self, sampler_id: str) -> Sampler | None:
+        """A known sampler, or one decoded from its self-describing id (after a restart)."""
+        sampler = self._samplers.get(sampler_id)
+        if sampler is None:
+            sampler = sampler_from_id(sampler_id, self.adapter_root, self.registered_adapters())
+            if sampler is not None:
+                self.remember(sampler)
+        return sampler
+
+    def known_models(self) -> list[str]:
+        """Models samplers have named, then the registered adapters."""
+        models = dict(self._models)
+        for name in self.registered_adapters():
+            models[name] = None
+        return list(models)
+
+
+def tinker_state() -> TinkerState:
+    """The Tinker state of the app handling the current request (created on first use)."""
+    gateway = get_state()
+    state: Any = gateway.extras.get(EXTRAS_KEY)
+    if state is None:
+        state = gateway.extras[EXTRAS_KEY] = TinkerState(gateway)
+    assert isinstance(state, TinkerState)
+    return state
