@@ -1,0 +1,106 @@
+"""``trioforward demo``: the gateway on a simulated fleet, driven by real clients."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import sys
+from typing import Any
+
+import click
+import trio
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trioforward._demo._run import Options, Step, run
+from trioforward._demo._summary import render_summary
+from trioforward._demo._tally import Tally
+
+__all__ = ["demo"]
+
+
+def _raise_open_files_limit(needed: int) -> None:
+    """A burst of N requests holds ~2N sockets in this one process (client and gateway
+    side) plus the gateway's engine connections: lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, needed)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def _check_open_files(burst: int) -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2 * burst + 512
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raise click.UsageError(
+            f"--burst {burst} needs about {needed} open files but the limit is {soft}; "
+            f"lower --burst or raise the limit (ulimit -n)"
+        )
+
+
+async def _main(opts: Options, tally: Tally, step: Step, bar: Progress) -> dict[str, Any]:
+    task = bar.add_task("starting", total=opts.duration)
+
+    async def ticker() -> None:
+        while True:
+            elapsed = tally.now()
+            bar.update(
+                task,
+                completed=min(elapsed, opts.duration),
+                description=f"{step.step:<40} ok {tally.total_ok:>6}  failed {tally.total_failed}",
+            )
+            await trio.sleep(0.2)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        report = await run(opts, tally, step)
+        nursery.cancel_scope.cancel()
+    bar.update(task, completed=opts.duration)
+    return report
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--engines", "engine_count", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Simulated engines to start (ignored with --engine).")
+@click.option("--duration", type=click.FloatRange(2.0), default=40.0, show_default=True,
+              help="Seconds of traffic; the whole run takes a little longer.")
+@click.option("--burst", type=click.IntRange(0), default=2000, show_default=True,
+              help="Concurrent requests in the burst.")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Gateway port on 127.0.0.1 (0 = a free port).")
+@click.option("--engine", "external", multiple=True, metavar="URL",
+              help="A real engine (vLLM/SGLang) to drive instead of the simulated fleet; repeatable.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the summary as JSON to this file ('-' = stdout).")
+def demo(engine_count: int, duration: float, burst: int, port: int, external: tuple[str, ...],
+         json_path: str | None) -> None:
+    """Run the gateway on a simulated fleet and drive it with real clients.
+
+    Starts the engines and the gateway (Hypercorn on loopback) in this process,
+    then for --duration seconds drives it with the official tinker SDK (base
+    model and a lazily loaded LoRA adapter), the openai SDK (completions, chat,
+    streaming) and an httpx trainer loop, while it pauses and resumes for a
+    weight update, stops and restarts one engine, and takes a burst of
+    concurrent requests. Prints a summary; exits 1 if any request failed.
+    """
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    logging.basicConfig(level=logging.WARNING)
+    _raise_open_files_limit(2 * burst + 512)
+    _check_open_files(burst)
+    opts = Options(engines=engine_count, duration=duration, burst=burst, port=port, external=external)
+    console = Console(stderr=json_path == "-")
+    tally = Tally()
+    step = Step()
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        report = trio.run(_main, opts, tally, step, bar)
+    render_summary(report, tally, console)
+    if json_path == "-":
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    elif json_path:
+        with open(json_path, "w") as fh:
+            json.dump(report, fh, indent=2)
+    if not report["ok"]:
+        raise SystemExit(1)

@@ -1,0 +1,245 @@
+"""The demo's script: fleet, gateway, clients, and the scenario timeline.
+
+Timeline, as fractions of ``--duration`` (steady traffic runs throughout):
+
+====== ==========================================================
+0.15   ``POST /admin/pause`` (weight update); resumed ~2 s later
+0.35   one simulated engine stops (listener closed), 0.55 restarts
+0.65   burst of ``--burst`` concurrent requests
+1.00   steady traffic stops; in-flight requests finish; summary
+====== ==========================================================
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import httpx
+import trio
+
+from trioforward._demo._clients import burst, openai_worker, tinker_worker, trainer_loop
+from trioforward._demo._fleet import SIM_CAPACITY, Fleet, open_fleet
+from trioforward._demo._gateway import Gateway, serve_gateway
+from trioforward._demo._tally import Tally, histogram_quantile, parse_histograms
+from trioforward._settings import Settings
+
+__all__ = ["Options", "Step", "run"]
+
+OPENAI_THREADS = 3
+TRAINER_LOOPS = 8
+
+
+@dataclass(slots=True)
+class Options:
+    """The ``trioforward demo`` flags."""
+
+    engines: int = 3
+    duration: float = 40.0
+    burst: int = 2000
+    port: int = 0
+    external: tuple[str, ...] = ()
+
+
+class Step:
+    """What the progress bar shows: the current step and the counts so far."""
+
+    def __init__(self) -> None:
+        self.step = "starting"
+
+
+async def run(opts: Options, tally: Tally, progress: Step) -> dict[str, Any]:
+    """Run the whole demo; returns the report (see :func:`_report`). Never raises for a
+    failed request: failures are counted in ``tally``."""
+    with tempfile.TemporaryDirectory(prefix="trioforward-demo-") as adapter_root:
+        async with open_fleet(opts.engines, opts.external, adapter_root) as fleet:
+            settings = Settings(
+                engines=tuple(fleet.urls),
+                engine_capacity=SIM_CAPACITY if fleet.simulated else 256,
+                # Health probes every second so a stopped engine is ejected, and a
+                # restarted one re-admitted, within the demo's timeline.
+                health_interval=1.0,
+                health_timeout=1.0,
+                adapter_root=adapter_root,
+                access_log=False,
+                log_level="warning",
+                shutdown_grace=5.0,
+            )
+            progress.step = "gateway starting"
+            async with serve_gateway(settings, opts.port) as gateway:
+                return await _drive(opts, fleet, gateway, tally, progress)
+
+
+async def _drive(opts: Options, fleet: Fleet, gateway: Gateway, tally: Tally, progress: Step) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300.0)) as http:
+        model = fleet.base_model if fleet.simulated else await _first_model(http, gateway.url)
+        model_path = fleet.model_path if fleet.simulated else None
+        stop_threads = threading.Event()
+        stop_loops = trio.Event()
+        tinker_errors: list[str] = []
+        scenario: dict[str, Any] = {}
+        t_start = tally.now()
+        async with trio.open_nursery() as workers:
+            for i in range(OPENAI_THREADS):
+                workers.start_soon(
+                    partial(trio.to_thread.run_sync, openai_worker, gateway.url, model, tally, stop_threads, i)
+                )
+            workers.start_soon(
+                partial(
+                    trio.to_thread.run_sync,
+                    tinker_worker, gateway.url, model, model_path, tally, stop_threads, tinker_errors,
+                )
+            )
+            for i in range(TRAINER_LOOPS):
+                workers.start_soon(trainer_loop, http, gateway.url, model, tally, stop_loops, i)
+            try:
+                await _scenario(opts, fleet, gateway, http, model, tally, progress, scenario, t_start)
+            finally:
+                progress.step = "finishing in-flight requests"
+                stop_loops.set()
+                stop_threads.set()
+        duration = tally.now() - t_start
+        progress.step = "collecting statistics"
+        metrics = await http.get(gateway.url + "/metrics")
+        return _report(opts, fleet, gateway, tally, scenario, metrics, duration, tinker_errors)
+
+
+async def _first_model(http: httpx.AsyncClient, url: str) -> str:
+    response = await http.get(url + "/v1/models")
+    response.raise_for_status()
+    model: str = response.json()["data"][0]["id"]
+    return model
+
+
+async def _scenario(
+    opts: Options,
+    fleet: Fleet,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    model: str,
+    tally: Tally,
+    progress: Step,
+    out: dict[str, Any],
+    t0: float,
+) -> None:
+    """Pause/resume, engine stop/restart and the burst, at fixed fractions of the run."""
+    d = opts.duration
+
+    async def until(fraction: float) -> None:
+        await trio.sleep(max(0.0, t0 + fraction * d - tally.now()))
+
+    progress.step = "steady traffic"
+    await until(0.15)
+    progress.step = "weight update: gateway paused"
+    out["pause"] = await _pause_resume(http, gateway.url, tally, hold=min(2.0, 0.08 * d))
+    progress.step = "steady traffic"
+    if fleet.simulated and len(fleet.engines) > 1:
+        victim = len(fleet.engines) - 1
+        await until(0.35)
+        progress.step = f"engine {victim} stopped"
+        before = fleet.requests_completed()[victim]
+        stopped_at = tally.now()
+        await fleet.stop(victim)
+        await until(0.55)
+        during = fleet.requests_completed()[victim] - before
+        await fleet.start(victim)
+        restarted_at = tally.now()
+        after_start = fleet.requests_completed()[victim]
+        progress.step = f"engine {victim} restarted"
+        out["engine_restart"] = {
+            "engine": fleet.urls[victim],
+            "stopped_at": round(stopped_at - t0, 1),
+            "restarted_at": round(restarted_at - t0, 1),
+            "completed_while_stopped": during,  # requests already running when it stopped
+            "_completed_at_restart": after_start,
+        }
+    await until(0.65)
+    progress.step = f"burst of {opts.burst} concurrent requests"
+    burst_start = tally.now()
+    await burst(gateway.url, model, opts.burst, tally)
+    out["burst"] = {"requests": opts.burst, "seconds": round(tally.now() - burst_start, 2)}
+    progress.step = "steady traffic"
+    await until(1.0)
+    if "engine_restart" in out:
+        restart = out["engine_restart"]
+        victim = fleet.urls.index(restart["engine"])
+        restart["completed_after_restart"] = fleet.requests_completed()[victim] - restart.pop("_completed_at_restart")
+
+
+async def _pause_resume(http: httpx.AsyncClient, url: str, tally: Tally, hold: float) -> dict[str, Any]:
+    """Pause dispatch, hold, resume; report whether requests sent meanwhile waited."""
+    start = tally.now()
+    response = await http.post(url + "/admin/pause", json={"mode": "wait"})
+    tally.record("admin", start, response.status_code == 200, f"pause: HTTP {response.status_code} {response.text[:200]}")
+    paused_at = tally.now()
+    await trio.sleep(hold)
+    resumed_at = tally.now()
+    response = await http.post(url + "/admin/resume", json={})
+    tally.record("admin", resumed_at, response.status_code == 200, f"resume: HTTP {response.status_code} {response.text[:200]}")
+    # Wait for the requests sent during the pause to come back before judging.
+    await trio.sleep(min(2.0, hold))
+    sent = [s for s in tally.spans_overlapping(paused_at, resumed_at) if s[0] != "admin"]
+    early = [s for s in sent if s[2] < resumed_at and s[3]]
+    return {
+        "held_seconds": round(resumed_at - paused_at, 2),
+        "sent_while_paused": len(sent),
+        "completed_before_resume": len(early),  # must be 0: nothing is dispatched while paused
+        "held": not early,
+    }
+
+
+def _report(
+    opts: Options,
+    fleet: Fleet,
+    gateway: Gateway,
+    tally: Tally,
+    scenario: dict[str, Any],
+    metrics: httpx.Response,
+    duration: float,
+    tinker_errors: list[str],
+) -> dict[str, Any]:
+    stats = gateway.client.statistics()
+    histograms = parse_histograms(metrics.text) if metrics.status_code == 200 else {}
+
+    def quantiles(name: str) -> dict[str, float | None]:
+        buckets = histograms.get(name, [])
+        return {
+            "p50": _finite(histogram_quantile(buckets, 0.50)),
+            "p99": _finite(histogram_quantile(buckets, 0.99)),
+            "count": buckets[-1][1] if buckets else 0,
+        }
+
+    checks = {"no failed requests": tally.total_failed == 0, "metrics served": metrics.status_code == 200}
+    if "pause" in scenario:
+        checks["pause held dispatch"] = bool(scenario["pause"]["held"])
+    return {
+        "mode": "simulated" if fleet.simulated else "external",
+        "engines": fleet.urls,
+        "gateway": gateway.url,
+        "metrics_url": gateway.url + "/metrics",
+        "duration_seconds": round(duration, 1),
+        "requests": {api: tally.ok[api] + tally.failed[api] for api in tally.apis()},
+        "succeeded": tally.total_ok,
+        "failures": tally.total_failed,
+        "failures_by_api": dict(tally.failed),
+        "failure_examples": tally.examples,
+        "setup_errors": tinker_errors,
+        "retries": {f"{phase}/{reason}": n for (phase, reason), n in sorted(stats.retries.items(), key=str)},
+        "queue_time_seconds": quantiles("trioforward_queue_wait_seconds"),
+        "engine_time_seconds": quantiles("trioforward_engine_time_seconds"),
+        "adapter_loads": {
+            "gateway": sum(stats.adapter_loads.values()),
+            "engines": fleet.adapter_loads() if fleet.simulated else None,
+        },
+        "scenario": scenario,
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
+
+
+def _finite(value: float) -> float | None:
+    return None if value != value else round(value, 4)

@@ -1,0 +1,104 @@
+"""The demo's end-of-run summary, as rich tables (the same facts as ``--json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from trioforward._demo._tally import Tally, quantile
+
+__all__ = ["render_summary"]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None or value != value else f"{value * 1000:.1f} ms"
+
+
+def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> None:
+    """Print the tables: requests by API, retries, timings, scenario checks."""
+    requests = Table(title="Requests by API", title_justify="left")
+    requests.add_column("API")
+    requests.add_column("requests", justify="right")
+    requests.add_column("failed", justify="right")
+    requests.add_column("latency p50", justify="right")
+    requests.add_column("latency p99", justify="right")
+    for api in tally.apis():
+        latencies = tally.latency[api]
+        failed = tally.failed[api]
+        requests.add_row(
+            api,
+            str(tally.ok[api] + failed),
+            f"[red]{failed}[/red]" if failed else "0",
+            _ms(quantile(latencies, 0.5)),
+            _ms(quantile(latencies, 0.99)),
+        )
+    style = "bold red" if report["failures"] else "bold green"
+    requests.add_row(
+        "[bold]total[/bold]",
+        str(report["succeeded"] + report["failures"]),
+        f"[{style}]{report['failures']}[/{style}]",
+        "",
+        "",
+    )
+
+    retries = Table(title="Gateway retries (phase / reason)", title_justify="left")
+    retries.add_column("phase / reason")
+    retries.add_column("retries", justify="right")
+    for key, count in report["retries"].items():
+        retries.add_row(key, str(count))
+    if not report["retries"]:
+        retries.add_row("(none)", "0")
+
+    timing = Table(title="Gateway time split (from /metrics histograms)", title_justify="left")
+    timing.add_column("")
+    timing.add_column("p50", justify="right")
+    timing.add_column("p99", justify="right")
+    timing.add_column("requests", justify="right")
+    for label, key in (("queue wait (QUEUED)", "queue_time_seconds"), ("engine time (dispatch → end)", "engine_time_seconds")):
+        q = report[key]
+        timing.add_row(label, _ms(q["p50"]), _ms(q["p99"]), f"{q['count']:.0f}")
+
+    scenario = Table(title="Scenario", title_justify="left")
+    scenario.add_column("step")
+    scenario.add_column("result")
+    pause = report["scenario"].get("pause")
+    if pause:
+        verdict = "[green]held[/green]" if pause["held"] else "[red]NOT held[/red]"
+        scenario.add_row(
+            "weight update (POST /admin/pause, /admin/resume)",
+            f"paused {pause['held_seconds']} s; {pause['sent_while_paused']} requests sent meanwhile waited "
+            f"and completed after resume; dispatch {verdict}",
+        )
+    restart = report["scenario"].get("engine_restart")
+    if restart:
+        scenario.add_row(
+            "engine stopped and restarted",
+            f"{restart['engine']} stopped at t={restart['stopped_at']} s, back at t={restart['restarted_at']} s; "
+            f"it finished {restart['completed_while_stopped']} running requests, then served "
+            f"{restart.get('completed_after_restart', '?')} after restart",
+        )
+    elif report["mode"] == "external":
+        scenario.add_row("engine stopped and restarted", "skipped (real engines are never stopped by the demo)")
+    b = report["scenario"].get("burst")
+    if b:
+        scenario.add_row("burst", f"{b['requests']} concurrent requests in {b['seconds']} s")
+    loads = report["adapter_loads"]
+    engines_loads = "" if loads["engines"] is None else f", engines counted {loads['engines']}"
+    scenario.add_row("LoRA adapter loads", f"gateway loaded {loads['gateway']}{engines_loads}")
+    scenario.add_row("Prometheus metrics", f"served at {report['metrics_url']} while the demo ran")
+
+    console.print(Group(requests, retries, timing, scenario))
+    for example in report["failure_examples"]:
+        console.print(f"[red]failure:[/red] {example}")
+    for error in report["setup_errors"]:
+        console.print(f"[red]set-up error:[/red] {error}")
+    failed_checks = [name for name, ok in report["checks"].items() if not ok]
+    if failed_checks:
+        console.print(f"[bold red]FAILED:[/bold red] {', '.join(failed_checks)}")
+    else:
+        console.print(
+            f"[bold green]OK:[/bold green] {report['succeeded']} requests, 0 failures, "
+            f"{report['duration_seconds']} s"
+        )
