@@ -1,0 +1,145 @@
+"""Test helpers: serve a Quart-Trio app with Hypercorn on 127.0.0.1, and a scripted engine client.
+
+:class:`ScriptedClient` stands in for the dispatch client where a test must
+control *when* a sample finishes (abandoned polls, hold limits, eviction); it
+answers like the simulated engine (``trioforward.sim`` generation functions),
+so the tokens are the same deterministic ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from quart_trio import QuartTrio
+
+from trioforward._settings import Settings
+from trioforward.server._state import STATE_KEY, GatewayState
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """Serve ``app`` on an ephemeral port; yields its base URL; stops it on exit."""
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 1.0
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve(
+                app, config, shutdown_trigger=stop.wait, task_status=task_status
+            )
+        )
+        try:
+            yield binds[0].replace("0.0.0.0", "127.0.0.1")
+        finally:
+            stop.set()
+
+
+@dataclass
+class _Response:
+    status: int
+    content: bytes
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+class _Adapters:
+    def __init__(self) -> None:
+        self.registered: dict[str, str] = {}
+
+    def register(self, name: str, path: str) -> None:
+        self.registered[name] = path
+
+    def list(self) -> dict[str, str]:
+        return dict(self.registered)
+
+    def is_adapter(self, name: str) -> bool:
+        return name in self.registered
+
+
+class _Engines:
+    def list(self) -> list[object]:
+        return [object()]
+
+
+class ScriptedClient:
+    """``post()`` answers like the simulated engine; ``gate`` (when set) holds every answer."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.adapters = _Adapters()
+        self.engines = _Engines()
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[Any] = []
+        self.gate: trio.Event | None = None
+        self.status = 200
+        self.finished = 0
+
+    async def post(
+        self,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: Any = None,
+        session: Any = None,
+    ) -> _Response:
+        from trioforward.sim._generate import sample
+
+        assert path == "/v1/completions"
+        body = orjson.loads(content) if content is not None else json
+        self.requests.append(body)
+        self.headers.append(headers)
+        if self.gate is not None:
+            await self.gate.wait()
+        self.finished += 1
+        if self.status != 200:
+            return _Response(self.status, orjson.dumps({"error": {"message": "scripted failure"}}))
+        choices = []
+        for i in range(body["n"]):
+            s = sample(
+                body["model"],
+                body["prompt"],
+                body.get("seed"),
+                i,
+                body.get("max_tokens", 16),
+                body.get("stop_token_ids", ()),
+                body.get("stop", ()),
+            )
+            choices.append(
+                {
+                    "index": i,
+                    "text": s.text,
+                    "token_ids": s.tokens,
+                    "logprobs": {"token_logprobs": s.logprobs},
+                    "finish_reason": s.finish_reason,
+                }
+            )
+        return _Response(
+            200, orjson.dumps({"id": "x", "model": body["model"], "choices": choices, "usage": {}})
+        )
+
+
+@contextlib.asynccontextmanager
+async def scripted_gateway(**knobs: Any) -> AsyncIterator[tuple[str, ScriptedClient, GatewayState]]:
+    """A minimal Quart-Trio app with only the Tinker routes and a :class:`ScriptedClient`."""
+    from trioforward.server.tinker import install
+
+    settings = Settings(**knobs)
+    client = ScriptedClient(settings)
+    app = QuartTrio("tinker-test")
+    install(app)
+    async with trio.open_nursery() as background:
+        state = GatewayState(settings=settings, client=client, nursery=background)  # type: ignore[arg-type]
+        app.extensions[STATE_KEY] = state
+        async with serving(app) as url:
+            yield url, client, state
+        background.cancel_scope.cancel()
