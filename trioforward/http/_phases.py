@@ -1,0 +1,81 @@
+"""Which phase an attempt is in, and which :class:`PoolError` a failure becomes.
+
+Sans-IO (DESIGN §2): this module imports no trio. The I/O driver
+(:mod:`trioforward.http._connection`, :mod:`trioforward.http._pool`) moves an
+:class:`Attempt` through the phases and, when something goes wrong, asks it for
+the error to raise. Keeping the mapping here means the retry layer's contract
+(``phase``, ``reused``, ``response_bytes``) is decided in one place.
+"""
+
+from __future__ import annotations
+
+import h11
+
+from trioforward.http._errors import (
+    ConnectError,
+    ConnectTimeout,
+    Phase,
+    PoolError,
+    PoolTimeout,
+    RemoteProtocolError,
+)
+
+__all__ = ["Attempt"]
+
+_CONNECT = Phase.CONNECT
+
+
+class Attempt:
+    """One request's progress through CONNECT → SEND → AWAIT_HEADERS → READ_BODY.
+
+    Mutable on purpose: the driver assigns ``phase`` as it goes (``SEND`` is set
+    *before* the first request byte is written) and adds every received byte to
+    ``response_bytes``. ``origin`` is ``(scheme, host, port)``.
+    """
+
+    __slots__ = ("phase", "reused", "response_bytes", "origin")
+
+    def __init__(self, origin: tuple[str, str, int]) -> None:
+        self.phase = _CONNECT
+        self.reused = False
+        self.response_bytes = 0
+        self.origin = origin
+
+    def _error(self, cls: type[PoolError], message: str) -> PoolError:
+        return cls(
+            message,
+            phase=self.phase,
+            reused=self.reused,
+            response_bytes=self.response_bytes,
+            origin=self.origin,
+        )
+
+    def _where(self) -> str:
+        _, host, port = self.origin
+        return f"{host}:{port}"
+
+    def failure(self, exc: BaseException) -> PoolError:
+        """The error for a transport or protocol failure ``exc`` in the current phase.
+
+        - CONNECT: :class:`ConnectError` (refused, reset, unreachable, no address).
+        - later phases: :class:`RemoteProtocolError` (reset, broken pipe, EOF,
+          malformed HTTP/1.1 from the engine).
+        """
+        if self.phase is _CONNECT:
+            return self._error(ConnectError, f"connect to {self._where()} failed: {exc!r}")
+        if isinstance(exc, h11.RemoteProtocolError):
+            what = f"engine broke HTTP/1.1: {exc}"
+        else:
+            what = f"connection failed: {exc!r}"
+        return self._error(RemoteProtocolError, f"{self._where()}: {what}")
+
+    def closed(self) -> PoolError:
+        """The engine closed the connection (EOF) before the response was complete."""
+        return self._error(
+            RemoteProtocolError, f"{self._where()}: engine closed the connection mid-exchange"
+        )
+
+    def timeout(self, what: str = "deadline") -> PoolError:
+        """A deadline/timeout expired: :class:`ConnectTimeout` in CONNECT, else :class:`PoolTimeout`."""
+        cls = ConnectTimeout if self.phase is _CONNECT else PoolTimeout
+        return self._error(cls, f"{self._where()}: {what} expired")

@@ -1,0 +1,183 @@
+"""Streamed responses: ``async with pool.stream(...) as response``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import h11
+import trio
+
+from trioforward.http._connection import Connection
+from trioforward.http._errors import Phase
+from trioforward.http._models import Target
+from trioforward.http._phases import Attempt
+
+if TYPE_CHECKING:
+    from trioforward.http._pool import ConnectionPool, _Origin
+
+__all__ = ["StreamContext", "StreamResponse"]
+
+_Headers = list[tuple[str | bytes, str | bytes]] | None
+
+
+class StreamResponse:
+    """Status and headers of a response whose body is read incrementally.
+
+    Attributes:
+        status: the status code.
+        headers: ``[(name, value), ...]`` bytes, names lower-cased.
+        reused: ``True`` if the connection had served a request before.
+        complete: ``True`` once the body has been read to its end.
+    """
+
+    __slots__ = ("status", "headers", "reused", "complete", "_ctx")
+
+    def __init__(
+        self, status: int, headers: list[tuple[bytes, bytes]], reused: bool, ctx: StreamContext
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self.reused = reused
+        self.complete = False
+        self._ctx = ctx
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """Yield the body as it arrives (chunked framing removed), in pieces of up
+        to 64 KiB. Raises :class:`RemoteProtocolError` or :class:`PoolTimeout`
+        (phase READ_BODY) if the engine breaks off or stays silent past
+        ``read_timeout``/``deadline``.
+        """
+        ctx = self._ctx
+        conn = ctx.conn
+        if conn is None or self.complete:
+            return
+        h = conn.h11
+        attempt = ctx.attempt
+        while True:
+            try:
+                event = h.next_event()
+                if event is h11.NEED_DATA:
+                    data = await conn.receive(ctx.deadline, ctx.read_timeout, attempt, False)
+                    attempt.response_bytes += len(data)
+                    h.receive_data(data)
+                    continue
+            except BaseException as exc:
+                ctx.abandon()
+                if isinstance(exc, OSError | h11.ProtocolError):
+                    raise attempt.failure(exc) from exc
+                raise
+            kind = type(event)
+            if kind is h11.Data:
+                yield bytes(event.data)  # type: ignore[union-attr]
+            elif kind is h11.EndOfMessage:
+                self.complete = True
+                return
+            else:  # ConnectionClosed mid-body
+                ctx.abandon()
+                raise attempt.closed()
+
+    async def aread(self) -> bytes:
+        """The rest of the body as one ``bytes``."""
+        return b"".join([chunk async for chunk in self.aiter_bytes()])
+
+
+class StreamContext:
+    """What :meth:`ConnectionPool.stream` returns; see there."""
+
+    __slots__ = (
+        "pool",
+        "origin",
+        "target",
+        "method",
+        "headers",
+        "content",
+        "deadline",
+        "read_timeout",
+        "attempt",
+        "conn",
+        "response",
+    )
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        origin: _Origin,
+        target: Target,
+        method: bytes,
+        headers: _Headers,
+        content: bytes,
+        deadline: float,
+        read_timeout: float | None,
+    ) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.target = target
+        self.method = method
+        self.headers = headers
+        self.content = content
+        self.deadline = deadline
+        self.read_timeout = read_timeout
+        self.attempt = Attempt(origin.spec)
+        self.conn: Connection | None = None
+        self.response: StreamResponse | None = None
+
+    def abandon(self) -> None:
+        """Close the connection and give its slot back (idempotent)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.pool._release(self.origin, conn, False)
+
+    async def __aenter__(self) -> StreamResponse:
+        pool, attempt, deadline = self.pool, self.attempt, self.deadline
+        await trio.lowlevel.checkpoint_if_cancelled()
+        conn = self.conn = await pool._acquire(self.origin, attempt, deadline)
+        try:
+            head, body = conn.request_bytes(
+                self.method, self.target.path, self.target.host_header, self.headers, self.content
+            )
+            attempt.phase = Phase.SEND
+            await conn.send(head, body, deadline, attempt)
+            attempt.phase = Phase.AWAIT_HEADERS
+            h = conn.h11
+            first = True
+            while True:
+                event = h.next_event()
+                if event is h11.NEED_DATA:
+                    data = await conn.receive(deadline, self.read_timeout, attempt, first)
+                    first = False
+                    attempt.response_bytes += len(data)
+                    h.receive_data(data)
+                elif type(event) is h11.Response:
+                    attempt.phase = Phase.READ_BODY
+                    response = self.response = StreamResponse(
+                        event.status_code, list(event.headers), attempt.reused, self
+                    )
+                    return response
+                elif type(event) is not h11.InformationalResponse:
+                    raise attempt.closed()
+        except BaseException as exc:
+            self.abandon()
+            if isinstance(exc, OSError | h11.ProtocolError):
+                raise attempt.failure(exc) from exc
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        response = self.response
+        if exc_type is None and response is not None and response.complete:
+            self.conn = None
+            self.pool._finish(self.origin, conn)
+        else:
+            # Body not read to the end (or an error): the bytes still in flight
+            # make the connection unusable. Closing (not draining) also tells the
+            # engine to abort the generation.
+            self.abandon()
