@@ -1,0 +1,79 @@
+"""``trioforward sim-engine``: run a simulated vLLM-compatible engine in the foreground."""
+
+from __future__ import annotations
+
+import math
+
+import click
+import trio
+
+from trioforward.sim._open import open_engine
+
+__all__ = ["sim_engine"]
+
+
+def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    out = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"expected NAME=PATH, got {value!r}", param_hint=flag)
+        out[name] = path
+    return out
+
+
+@click.command("sim-engine")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, required=True, help="Port to bind (0 = any free port; printed).")
+@click.option("--capacity", type=int, default=256, show_default=True, help="Requests run at once (vLLM max_num_seqs); 0 = unlimited.")
+@click.option("--prefill-ms-per-token", type=float, default=0.0, show_default=True, help="Prefill time per prompt token (ms).")
+@click.option("--decode-ms-per-token", type=float, default=0.0, show_default=True, help="Time per decode step (ms); both 0 = instant.")
+@click.option("--model", "models", multiple=True, help="Base model name (repeatable; default sim-base and sim-base-2).")
+@click.option("--adapter", "adapters", multiple=True, metavar="NAME=PATH", help="An adapter the engine can find (lazy mode); repeatable.")
+@click.option("--lora-module", "lora_modules", multiple=True, metavar="NAME=PATH", help="An adapter loaded at start; repeatable.")
+@click.option("--lazy-adapters", type=float, default=None, metavar="SECONDS", help="Load a findable adapter by itself this long after its first request.")
+@click.option("--keep-alive", type=float, default=5.0, show_default=True, help="Idle keep-alive timeout (s).")
+@click.option("--no-runtime-lora", is_flag=True, help="Disable the load/unload endpoints (404 {\"detail\": \"Not Found\"}).")
+@click.option("--unknown-model-status", type=click.Choice(["404", "400"]), default="404", show_default=True, help="Status for an unknown model or unloaded adapter.")
+@click.option("--adapter-load-seconds", type=float, default=0.0, show_default=True, help="Time a load request takes (s).")
+def sim_engine(
+    host: str,
+    port: int,
+    capacity: int,
+    prefill_ms_per_token: float,
+    decode_ms_per_token: float,
+    models: tuple[str, ...],
+    adapters: tuple[str, ...],
+    lora_modules: tuple[str, ...],
+    lazy_adapters: float | None,
+    keep_alive: float,
+    no_runtime_lora: bool,
+    unknown_model_status: str,
+    adapter_load_seconds: float,
+) -> None:
+    """Run a simulated vLLM-compatible engine (faults: POST /sim/faults; counters: GET /sim/stats)."""
+    options = dict(
+        host=host,
+        port=port,
+        capacity=capacity,
+        prefill_ms_per_token=prefill_ms_per_token,
+        decode_ms_per_token=decode_ms_per_token,
+        models=models or ("sim-base", "sim-base-2"),
+        adapters=_pairs(adapters, "--adapter"),
+        lora_modules=_pairs(lora_modules, "--lora-module"),
+        lazy_adapters=lazy_adapters,
+        keep_alive=keep_alive,
+        runtime_lora=not no_runtime_lora,
+        unknown_model_status=int(unknown_model_status),
+        adapter_load_seconds=adapter_load_seconds,
+    )
+
+    async def run() -> None:
+        async with open_engine(**options) as engine:  # type: ignore[arg-type]
+            click.echo(f"sim-engine listening on {engine.url} (models: {', '.join(engine.adapters.base)})", err=True)
+            await trio.sleep(math.inf)
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,354 @@
+"""The simulated engine: listener, routes, the capacity queue and the timing model.
+
+Timing model (vLLM's scheduler, simplified): ``capacity`` requests run at once
+(``max_num_seqs``; a FIFO ``trio.CapacityLimiter``), the rest wait in the
+engine's own queue. A running request takes ``prefill_ms_per_token`` × prompt
+tokens, then ``decode_ms_per_token`` per decode step (``n`` choices decode in
+parallel, so steps = the longest choice). With both at 0 (and no stall) the
+engine is *instant*: no sleep, no queue, no watcher task.
+
+A *prefill stall* (:meth:`SimEngine.prefill_stall`) slows every running decode
+by ``slowdown`` for a while, as a long prompt arriving on a busy engine does;
+``slowdown=inf`` halts decoding (even instant decoding) until it ends, which
+tests use to hold requests in flight deterministically.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import socket
+import time
+from collections.abc import Collection, Mapping
+
+import h11
+import orjson
+import trio
+
+from trioforward.sim._adapters import NOT_FOUND_DETAIL, Adapters
+from trioforward.sim._api import ApiError, Generation, complete_body, parse_generation, stream_steps
+from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
+from trioforward.sim._http import Exchange, reset_stream, serve_connection
+from trioforward.sim._stats import EngineStats
+
+__all__ = ["SimEngine"]
+
+log = logging.getLogger("trioforward.sim")
+
+_JSON = b"application/json"
+_SSE = b"text/event-stream"
+
+
+class SimEngine:
+    """One simulated vLLM engine. Create it with :func:`trioforward.sim.open_engine`.
+
+    Attributes: ``url`` (``"http://HOST:PORT"``), ``host``, ``port``, ``stats``
+    (:class:`EngineStats`), ``faults`` (:class:`Faults`), ``adapters``
+    (:class:`Adapters`: ``.base``, ``.loaded``), ``capacity`` and the timing knobs
+    (plain attributes, changeable at run time; ``capacity`` is fixed).
+    """
+
+    generation_paths = frozenset(GENERATION_PATHS)
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        capacity: int = 256,
+        prefill_ms_per_token: float = 0.0,
+        decode_ms_per_token: float = 0.0,
+        models: Collection[str] = ("sim-base", "sim-base-2"),
+        adapters: Mapping[str, str] | None = None,
+        lora_modules: Mapping[str, str] | None = None,
+        lazy_adapters: float | None = None,
+        keep_alive: float = 5.0,
+        runtime_lora: bool = True,
+        unknown_model_status: int = 404,
+        missing_paths: Collection[str] = (),
+        adapter_load_seconds: float = 0.0,
+        backlog: int = 4096,
+    ) -> None:
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0 (0 = unlimited)")
+        if unknown_model_status not in (400, 404):
+            raise ValueError("unknown_model_status must be 404 or 400")
+        self._nursery = nursery
+        self.host = host
+        self.port = port
+        self.capacity = capacity
+        self.prefill_ms_per_token = prefill_ms_per_token
+        self.decode_ms_per_token = decode_ms_per_token
+        self.keep_alive = keep_alive
+        self.backlog = backlog
+        self.stats = EngineStats()
+        self.faults = Faults()
+        self.faults.on_change(self._faults_changed)
+        self.adapters = Adapters(
+            self.stats,
+            models,
+            resolvable=adapters,
+            lora_modules=lora_modules,
+            lazy_seconds=lazy_adapters,
+            missing_paths=missing_paths,
+            runtime_lora=runtime_lora,
+            missing_status=unknown_model_status,
+            load_seconds=adapter_load_seconds,
+        )
+        self._limiter = trio.CapacityLimiter(capacity if capacity > 0 else math.inf)
+        self._ids = itertools.count(1)
+        self._stall_until = -math.inf
+        self._stall_slowdown = 1.0
+        self._stall_changed = trio.Event()
+        self._serving: trio.CancelScope | None = None
+        self._stopped = trio.Event()
+        self._accepting: trio.CancelScope | None = None
+        self._faults_event = trio.Event()
+
+    # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def listening(self) -> bool:
+        return self._serving is not None
+
+    async def start_listening(self) -> None:
+        """Bind ``host:port`` (SO_REUSEADDR; the port chosen at first start is kept) and serve.
+
+        Raises ``OSError`` if the port is taken.
+        """
+        if self._serving is not None:
+            return
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            await sock.bind((self.host, self.port))
+            sock.listen(self.backlog)
+        except BaseException:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        self._serving = trio.CancelScope()
+        self._stopped = trio.Event()
+        await self._nursery.start(self._serve, trio.SocketListener(sock), self._serving)
+
+    async def stop_listening(self) -> None:
+        """Close the listener and every connection (in-flight requests die with them).
+
+        New connections are then refused (ECONNREFUSED) until :meth:`start_listening`.
+        """
+        if self._serving is None:
+            return
+        self._serving.cancel()
+        await self._stopped.wait()
+
+    async def _serve(
+        self, listener: trio.SocketListener, scope: trio.CancelScope, task_status: trio.TaskStatus[None]
+    ) -> None:
+        try:
+            with scope:
+                async with listener, trio.open_nursery() as connections:
+                    task_status.started()
+                    await self._accept_loop(listener, connections)
+        finally:
+            self._serving = None
+            self._stopped.set()
+
+    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        while True:
+            while self.faults.pause_accept:
+                await self._faults_event.wait()
+            stream: trio.SocketStream | None = None
+            # Cancelled when pause_accept is switched on, so a pause takes
+            # effect for the very next connection (trio's accept is cancel-safe).
+            with trio.CancelScope() as self._accepting:
+                stream = await listener.accept()
+            self._accepting = None
+            if stream is None:
+                continue
+            if self.faults.refuse_connections:
+                reset_stream(stream)
+                self.stats.connections_reset += 1
+                self.stats.faults["refuse_connections"] += 1
+                self.stats.changed()
+                continue
+            connections.start_soon(self._connection, stream)
+
+    def _faults_changed(self) -> None:
+        self._faults_event.set()
+        self._faults_event = trio.Event()
+        if self.faults.pause_accept and self._accepting is not None:
+            self._accepting.cancel()
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        try:
+            await serve_connection(self, stream, self._handle)
+        except Exception:
+            log.exception("simulated engine: connection failed")
+
+    # -- timing model --------------------------------------------------------
+
+    @property
+    def instant(self) -> bool:
+        """True when generation takes no time at all (no sleep, no queue)."""
+        return (
+            self.prefill_ms_per_token <= 0
+            and self.decode_ms_per_token <= 0
+            and trio.current_time() >= self._stall_until
+        )
+
+    def prefill_stall(self, seconds: float, slowdown: float = math.inf) -> None:
+        """Slow every running decode by ``slowdown`` (inf = halt) for ``seconds`` (inf = until ended)."""
+        self._stall_until = trio.current_time() + seconds
+        self._stall_slowdown = max(1.0, slowdown)
+        self._wake_decoders()
+
+    def end_stall(self) -> None:
+        """End a prefill stall now."""
+        self._stall_until = -math.inf
+        self._wake_decoders()
+
+    def _wake_decoders(self) -> None:
+        self._stall_changed.set()
+        self._stall_changed = trio.Event()
+
+    async def _decode(self, steps: int) -> None:
+        # Progress is integrated over time: a stall starting or ending wakes
+        # every decoder, which re-plans at the new rate (one sleep per change,
+        # not one per token).
+        remaining = steps * self.decode_ms_per_token / 1000.0
+        while True:
+            now = trio.current_time()
+            rate, horizon = 1.0, math.inf
+            if now < self._stall_until:
+                rate, horizon = 1.0 / self._stall_slowdown, self._stall_until - now
+            if remaining <= 0 and rate > 0:
+                return
+            need = remaining / rate if rate > 0 else math.inf
+            changed = self._stall_changed
+            with trio.move_on_after(min(need, horizon)):
+                await changed.wait()
+            if not changed.is_set() and need <= horizon:
+                return
+            remaining -= (trio.current_time() - now) * rate
+
+    async def _prefill(self, gen: Generation) -> None:
+        seconds = self.prefill_ms_per_token * sum(map(len, gen.prompts)) / 1000.0
+        if seconds > 0:
+            await trio.sleep(seconds)
+
+    # -- routes --------------------------------------------------------------
+
+    async def _handle(self, ex: Exchange, request: h11.Request, body: bytes) -> None:
+        path, method = ex.path, request.method
+        if path in self.generation_paths:
+            if method != b"POST":
+                return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')
+            return await self._generation(ex, path == "/v1/chat/completions", body)
+        if path == "/health":
+            return await ex.respond(self.faults.health_status, _JSON, b"")
+        if path == "/v1/models":
+            return await ex.respond(200, _JSON, self.adapters.models_body(int(time.time())))
+        if path == "/v1/load_lora_adapter" and method == b"POST":
+            return await ex.respond(*await self.adapters.load(body))
+        if path == "/v1/unload_lora_adapter" and method == b"POST":
+            return await ex.respond(*self.adapters.unload(body))
+        if path == "/sim/stats":
+            return await ex.respond(200, _JSON, orjson.dumps(self.stats.snapshot()))
+        if path == "/sim/faults":
+            return await self._set_faults(ex, method, body)
+        return await ex.respond(404, _JSON, NOT_FOUND_DETAIL)
+
+    async def _set_faults(self, ex: Exchange, method: bytes, body: bytes) -> None:
+        if method == b"POST":
+            try:
+                changes = orjson.loads(body or b"{}")
+                if not isinstance(changes, dict):
+                    raise FaultError("body must be a JSON object")
+                stall = changes.pop("prefill_stall", None)
+                slowdown = changes.pop("prefill_stall_slowdown", math.inf)
+                if changes.pop("end_stall", False):
+                    self.end_stall()
+                if changes.pop("reset_stats", False):
+                    self.stats.reset()
+                self.faults.update(changes)
+                if stall is not None:
+                    self.prefill_stall(float(stall), float(slowdown or math.inf))
+            except (orjson.JSONDecodeError, FaultError, TypeError, ValueError) as exc:
+                msg = orjson.dumps({"error": {"message": str(exc), "type": "BadRequestError", "code": 400}})
+                return await ex.respond(400, _JSON, msg)
+        await ex.respond(200, _JSON, orjson.dumps(self.faults.snapshot()))
+
+    async def _generation(self, ex: Exchange, chat: bool, body: bytes) -> None:
+        stats, faults = self.stats, self.faults
+        try:
+            gen = parse_generation(chat, body, self.adapters.base[0])
+        except ApiError as exc:
+            return await ex.respond(exc.status, _JSON, exc.body())
+        stats.by_model[gen.model] += 1
+        if not self.adapters.serves(gen.model):
+            return await ex.respond(*self.adapters.unknown(gen.model, self._nursery.start_soon))
+        if ex.path in faults.paths and faults.take("reject"):
+            stats.rejected += 1
+            stats.faults["reject"] += 1
+            stats.changed()
+            status = faults.reject_status
+            extra = [] if faults.retry_after is None else [(b"retry-after", b"%g" % faults.retry_after)]
+            message = "The engine is overloaded; retry later." if status == 503 else f"Injected status {status}."
+            err = orjson.dumps({"error": {"message": message, "type": "ServiceUnavailableError" if status == 503 else "InjectedError", "code": status}})
+            return await ex.respond(status, _JSON, err, extra)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.port}-{next(self._ids)}"
+        created = int(time.time())
+        if self.instant:
+            stats.running += 1
+            if stats.running > stats.peak_running:
+                stats.peak_running = stats.running
+            try:
+                samples = gen.samples()
+            finally:
+                stats.running -= 1
+            if gen.stream:
+                await ex.start_stream(200, _SSE)
+                await ex.send_chunk(b"".join(stream_steps(gen, samples, rid, created)))
+                await ex.end_stream()
+            else:
+                await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
+        else:
+            await self._timed_generation(ex, gen, rid, created)
+        stats.completed += 1
+        stats.changed()
+
+    async def _timed_generation(self, ex: Exchange, gen: Generation, rid: str, created: int) -> None:
+        stats = self.stats
+        stats.queued += 1
+        stats.peak_queued = max(stats.peak_queued, stats.queued)
+        stats.changed()
+        try:
+            await self._limiter.acquire()
+        finally:
+            stats.queued -= 1
+            stats.changed()
+        try:
+            stats.running += 1
+            stats.peak_running = max(stats.peak_running, stats.running)
+            stats.changed()
+            samples = gen.samples()
+            await self._prefill(gen)
+            if gen.stream:
+                await ex.start_stream(200, _SSE)
+                for step in stream_steps(gen, samples, rid, created):
+                    await self._decode(1)
+                    await ex.send_chunk(step)
+                await ex.end_stream()
+            else:
+                await self._decode(max((len(s.tokens) for s in samples), default=0))
+                await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
+        finally:
+            stats.running -= 1
+            stats.changed()
+            self._limiter.release()

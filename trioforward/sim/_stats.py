@@ -1,0 +1,104 @@
+"""Engine-side counters that tests assert on, awaitable without polling."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+__all__ = ["EngineStats"]
+
+
+class EngineStats:
+    """Counters of one simulated engine (mutated only by the engine's tasks).
+
+    Requests to ``/sim/*`` are never counted.
+
+    - ``requests``: requests received (fully read), every path;
+      ``by_path``: ``Counter[path]``; ``by_model``: ``Counter[model]``
+      (generation requests naming a model, known or not).
+    - ``completed``: generation requests answered 200 in full;
+      ``aborted``: generation requests whose client went away before the
+      answer was fully written (EOF/reset seen while queued, generating or writing).
+    - ``responses``: ``Counter[status]`` of answers started (all paths).
+    - ``connections_accepted`` / ``connections_open`` / ``connections_reset``
+      (reset by the ``refuse_connections`` fault) / ``keep_alive_closed``
+      (closed by the server's idle timeout).
+    - ``running`` / ``peak_running``: generations holding capacity now / at most;
+      ``queued`` / ``peak_queued``: waiting for capacity now / at most.
+    - ``adapter_loads``: ``Counter[name]`` (load endpoint and lazy loads);
+      ``lazy_loads``: ``Counter[name]``; ``adapter_unloads``: ``Counter[name]``.
+    - ``rejected``: answers injected by the ``reject`` fault;
+      ``faults``: ``Counter[fault name]`` of every fault applied.
+
+    ``await stats.wait_for(predicate)`` returns once ``predicate(stats)`` holds
+    (checked after every change; no polling). Wrap it in ``trio.fail_after``.
+    """
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.by_path: Counter[str] = Counter()
+        self.by_model: Counter[str] = Counter()
+        self.completed = 0
+        self.aborted = 0
+        self.responses: Counter[int] = Counter()
+        self.connections_accepted = 0
+        self.connections_open = 0
+        self.connections_reset = 0
+        self.keep_alive_closed = 0
+        self.running = 0
+        self.peak_running = 0
+        self.queued = 0
+        self.peak_queued = 0
+        self.adapter_loads: Counter[str] = Counter()
+        self.lazy_loads: Counter[str] = Counter()
+        self.adapter_unloads: Counter[str] = Counter()
+        self.rejected = 0
+        self.faults: Counter[str] = Counter()
+        self._waiters = 0
+        self._changed = trio.Event()
+
+    def changed(self) -> None:
+        """Wake every :meth:`wait_for` (call after mutating a counter); O(1) when nobody waits."""
+        if self._waiters:
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_for(self, predicate: Callable[[EngineStats], bool]) -> None:
+        """Return once ``predicate(self)`` is true; re-checked after every change.
+
+        Cancellation: a plain checkpoint-based wait; cancel it with a scope.
+        """
+        while not predicate(self):
+            self._waiters += 1
+            try:
+                await self._changed.wait()
+            finally:
+                self._waiters -= 1
+
+    def reset(self) -> None:
+        """Zero every cumulative counter (gauges ``running``, ``queued``, ``connections_open`` kept)."""
+        keep = (self.running, self.queued, self.connections_open, self._waiters, self._changed)
+        self.__init__()  # type: ignore[misc]
+        self.running, self.queued, self.connections_open, self._waiters, self._changed = keep
+        self.peak_running, self.peak_queued = self.running, self.queued
+        self.changed()
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-ready copy of every counter (what ``GET /sim/stats`` returns)."""
+        out: dict[str, Any] = {}
+        for key, value in vars(self).items():
+            if key.startswith("_"):
+                continue
+            if isinstance(value, Counter):
+                value = {str(k): v for k, v in value.items()}
+            elif isinstance(value, float) and math.isinf(value):
+                value = None
+            out[key] = value
+        return out
+
+    def __repr__(self) -> str:
+        return f"EngineStats({self.snapshot()!r})"
