@@ -1,0 +1,137 @@
+"""Engine response bodies to arrays (DESIGN §2, codec).
+
+``decode_completion`` parses a vLLM ``/v1/completions`` body (engine_api.md) with
+orjson and turns the per-token lists into numpy arrays: token ids ``int32``,
+logprobs ``float32``. The gateway decodes once; the arrays are what trainers use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+__all__ = ["Completion", "Choice", "decode_completion", "CodecError"]
+
+_EMPTY_I32: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+
+
+class CodecError(ValueError):
+    """The body is not a completion response (not JSON, or missing ``choices``)."""
+
+
+@dataclass(slots=True)
+class Choice:
+    """One sampled sequence.
+
+    ``tokens``: ``np.ndarray[int32]`` of shape ``(n,)`` (``token_ids`` of the
+    response; empty if the engine was not asked for ``return_token_ids``);
+    ``logprobs``: ``np.ndarray[float32]`` of shape ``(n,)`` (the sampled tokens'
+    logprobs, NaN where the engine gave none) or ``None`` when not requested.
+    """
+
+    index: int
+    text: str
+    tokens: npt.NDArray[np.int32]
+    logprobs: npt.NDArray[np.float32] | None
+    finish_reason: str
+    stop_reason: Any = None
+    prompt_tokens: npt.NDArray[np.int32] | None = None
+
+
+@dataclass(slots=True)
+class Completion:
+    """A decoded ``/v1/completions`` response.
+
+    ``prompt_logprobs``: ``np.ndarray[float32]`` of shape ``(len(prompt),)``, NaN at
+    position 0 and wherever the engine gave no value; ``None`` when not requested.
+    ``engine`` (URL), ``attempts``, ``queue_time`` and ``engine_time`` (seconds) are
+    filled in by the dispatch client.
+    """
+
+    id: str
+    model: str
+    choices: list[Choice]
+    usage: dict[str, Any]
+    prompt_logprobs: npt.NDArray[np.float32] | None = None
+    engine: str = ""
+    attempts: int = 0
+    queue_time: float = 0.0
+    engine_time: float = 0.0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def _floats(values: list[Any]) -> npt.NDArray[np.float32]:
+    try:
+        return np.array(values, dtype=np.float32)
+    except (TypeError, ValueError):
+        # None entries (vLLM gives null for an undefined logprob) become NaN.
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float32)
+
+
+def _prompt_logprobs(entries: list[Any], prompt: list[int] | None) -> npt.NDArray[np.float32]:
+    """vLLM's per-position ``{token_id: {"logprob", "rank", ...}}`` to the prompt tokens' logprobs."""
+    out = np.full(len(entries), np.nan, dtype=np.float32)
+    for i, entry in enumerate(entries):
+        if not entry:
+            continue
+        item = None
+        if prompt is not None and i < len(prompt):
+            item = entry.get(str(prompt[i]))
+        if item is None and len(entry) == 1:
+            item = next(iter(entry.values()))
+        if isinstance(item, dict):
+            lp = item.get("logprob")
+            if lp is not None:
+                out[i] = lp
+        elif isinstance(item, (int, float)):
+            out[i] = item
+    return out
+
+
+def decode_completion(body: bytes) -> Completion:
+    """Decode a ``/v1/completions`` response body. Raises :class:`CodecError`."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise CodecError(f"completion body is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
+        raise CodecError("completion body has no 'choices' list")
+    choices: list[Choice] = []
+    prompt_lp: npt.NDArray[np.float32] | None = None
+    for raw in doc["choices"]:
+        token_ids = raw.get("token_ids")
+        tokens = np.array(token_ids, dtype=np.int32) if token_ids else _EMPTY_I32
+        lp_block = raw.get("logprobs")
+        logprobs = None
+        if isinstance(lp_block, dict) and lp_block.get("token_logprobs") is not None:
+            logprobs = _floats(lp_block["token_logprobs"])
+        prompt_ids = raw.get("prompt_token_ids")
+        prompt_tokens = np.array(prompt_ids, dtype=np.int32) if prompt_ids is not None else None
+        if prompt_lp is None and raw.get("prompt_logprobs") is not None:
+            prompt_lp = _prompt_logprobs(raw["prompt_logprobs"], prompt_ids)
+        choices.append(
+            Choice(
+                index=int(raw.get("index", len(choices))),
+                text=raw.get("text") or "",
+                tokens=tokens,
+                logprobs=logprobs,
+                finish_reason=raw.get("finish_reason") or "",
+                stop_reason=raw.get("stop_reason"),
+                prompt_tokens=prompt_tokens,
+            )
+        )
+    if prompt_lp is None and doc.get("prompt_logprobs") is not None:
+        first = doc["choices"][0].get("prompt_token_ids") if doc["choices"] else None
+        prompt_lp = _prompt_logprobs(doc["prompt_logprobs"], first)
+    return Completion(
+        id=str(doc.get("id", "")),
+        model=str(doc.get("model", "")),
+        choices=choices,
+        usage=doc.get("usage") or {},
+        prompt_logprobs=prompt_lp,
+        raw=doc,
+    )

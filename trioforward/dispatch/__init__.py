@@ -1,0 +1,34 @@
+"""trioforward.dispatch: the dispatch core and the embedded client (DESIGN §4).
+
+::
+
+    async with trioforward.open_client(engines=["http://127.0.0.1:8001"]) as client:
+        response = await client.post("/v1/completions", json={...})      # ForwardResponse
+        completion = await client.complete(model="sim-base", prompt=[1, 2, 3], max_tokens=16)
+
+Engine registry with a per-engine ``trio.CapacityLimiter`` (the queue),
+dispatch-time deadlines, retries keyed on the failed :class:`~trioforward.http.Phase`,
+on-demand LoRA adapter loading, health probes and pause/resume (docs/dispatch.md).
+"""
+
+from __future__ import annotations
+
+from trioforward.codec import Choice, Completion
+from trioforward.dispatch._adapters import AdapterRegistry
+from trioforward.dispatch._client import Client, Engines, open_client
+from trioforward.dispatch._engines import EngineInfo
+from trioforward.dispatch._forward_stream import ForwardStream
+from trioforward.dispatch._types import ClientStatistics, ForwardResponse
+
+__all__ = [
+    "open_client",
+    "Client",
+    "ForwardResponse",
+    "ForwardStream",
+    "Completion",
+    "Choice",
+    "EngineInfo",
+    "ClientStatistics",
+    "Engines",
+    "AdapterRegistry",
+]

@@ -1,0 +1,417 @@
+"""The embedded client: ``async with trioforward.open_client(...) as client`` (DESIGN §1).
+
+The gateway server is a thin layer over this same object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import orjson
+import trio
+
+from trioforward._settings import Settings
+from trioforward.codec import Completion, decode_completion
+from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
+from trioforward.dispatch._dispatch import Dispatcher
+from trioforward.dispatch._engines import Engine, EngineInfo, Registry
+from trioforward.dispatch._forward_stream import ForwardStream
+from trioforward.dispatch._health import health_loop
+from trioforward.dispatch._request import (
+    HeaderInput,
+    Request,
+    prepare_headers,
+    strip_response_headers,
+)
+from trioforward.dispatch._routing import stable_hash
+from trioforward.dispatch._types import ClientStatistics, ForwardResponse
+from trioforward.errors import DispatchAborted, EngineRejected
+from trioforward.http import ConnectionPool, open_pool
+
+__all__ = ["Client", "Engines", "open_client"]
+
+PauseMode = Literal["wait", "abort"]
+
+
+class Engines:
+    """``client.engines``: add, remove and list engines at run time (all synchronous)."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def add(self, url: str) -> EngineInfo:
+        """Register ``url`` (``http://host:port``); starts its health probes. Idempotent.
+
+        An engine added while every engine is paused (``pause()`` with no list)
+        starts paused too.
+        """
+        client = self._client
+        known = url.rstrip("/") in client._registry.by_url
+        engine = client._registry.add(url)
+        if not known:
+            if client._paused_all:
+                client._registry.set_paused(engine, True)
+            client._start_health(engine)
+        return engine.info()
+
+    def remove(self, url: str) -> bool:
+        """Unregister ``url``. Its in-flight requests fail with :class:`DispatchAborted`;
+        its queued ones are routed again. Returns False if it was not registered."""
+        return self._client._registry.remove(url) is not None
+
+    def list(self) -> list[EngineInfo]:
+        """A snapshot of every engine, in registration order."""
+        return [e.info() for e in self._client._registry.engines]
+
+    def __len__(self) -> int:
+        return len(self._client._registry.engines)
+
+
+class Client:
+    """Forwards requests to engines under DESIGN §4's rules. Create with :func:`open_client`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: ConnectionPool,
+        control_pool: ConnectionPool,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.settings = settings
+        self._pool = pool
+        self._control_pool = control_pool
+        self._nursery = nursery
+        self._registry = Registry(
+            settings.engine_capacity, settings.health_failures, settings.health_successes
+        )
+        self.adapters = AdapterRegistry(settings.adapters)
+        self._loader = AdapterLoader(self.adapters, control_pool, settings.adapter_load_timeout)
+        self._dispatcher = Dispatcher(settings, self._registry, pool, self._loader)
+        self._paused_all = False
+        self._session_routing = settings.routing == "session"
+        self.engines = Engines(self)
+
+    def _start_health(self, engine: Engine) -> None:
+        s = self.settings
+        if s.health_interval > 0:
+            self._nursery.start_soon(
+                lambda: health_loop(
+                    self._registry,
+                    self._control_pool,
+                    engine,
+                    interval=s.health_interval,
+                    probe_timeout=s.health_timeout,
+                )
+            )
+
+    # -- forwarding ---------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        json: Any,
+        content: bytes | None,
+        headers: HeaderInput,
+        session: str | None,
+    ) -> Request:
+        if not path.startswith("/"):
+            raise ValueError(f"path must start with '/': {path!r}")
+        if content is None:
+            content = b"" if json is None else orjson.dumps(json, option=orjson.OPT_SERIALIZE_NUMPY)
+        pairs, session_header = prepare_headers(headers, json_body=bool(content))
+        model: str | None = None
+        is_adapter = False
+        if self.adapters:
+            # Only an adapter needs the model name: skip parsing when none is registered.
+            if json is None and content:
+                try:
+                    json = orjson.loads(content)
+                except orjson.JSONDecodeError:
+                    json = None
+            if isinstance(json, dict):
+                name = json.get("model")
+                if isinstance(name, str):
+                    model = name
+                    is_adapter = self.adapters.is_adapter(name)
+        key = session if session is not None else session_header
+        session_hash = stable_hash(key) if key is not None and self._session_routing else None
+        return Request(method, path, pairs, content, model, is_adapter, session_hash)
+
+    def _aborted(self, req: Request) -> DispatchAborted:
+        reason = req.abort_reason or "request aborted"
+        err = DispatchAborted(
+            f"{reason}; the request was aborted",
+            phase=req.phase,
+            attempts=req.attempts,
+            engine=req.engine_url,
+        )
+        err.queue_time = req.queue_time
+        err.engine_time = req.engine_time
+        return err
+
+    async def post(
+        self,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: HeaderInput = None,
+        session: str | None = None,
+    ) -> ForwardResponse:
+        """Forward ``POST path`` to an engine and return its answer, whatever its status.
+
+        ``json``: the parsed body (its ``"model"`` drives adapter loading);
+        ``content``: the body bytes if already encoded (sent as is). ``headers``:
+        forwarded, hop-by-hop ones dropped. ``session``: routing key (default: the
+        ``X-Session-ID`` header). Raises :class:`~trioforward.errors.TrioforwardError`
+        subclasses for gateway-level failures (with ``.phase``, ``.attempts``,
+        ``.engine``, ``.queue_time``, ``.engine_time``). Cancellation propagates
+        at once; the upstream connection is closed so the engine aborts.
+        """
+        return await self.request(
+            "POST", path, json=json, content=content, headers=headers, session=session
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: HeaderInput = None,
+        session: str | None = None,
+    ) -> ForwardResponse:
+        """As :meth:`post`, with any method (``GET /v1/models`` ...)."""
+        req = self._request(method, path, json, content, headers, session)
+        dispatcher = self._dispatcher
+        dispatcher.admit()
+        try:
+            with req.scope:
+                answer = await dispatcher.run(req)
+                return ForwardResponse(
+                    answer.status,
+                    strip_response_headers(answer.headers),
+                    answer.content,
+                    answer.engine.url,
+                    req.attempts,
+                    req.queue_time,
+                    req.engine_time,
+                    tuple(req.retries) if req.retries else (),
+                )
+            raise self._aborted(req)
+        finally:
+            dispatcher.outstanding -= 1
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: HeaderInput = None,
+        session: str | None = None,
+        method: str = "POST",
+    ) -> AsyncIterator[ForwardStream]:
+        """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
+        body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
+        exits; leaving before the end closes the upstream connection (the engine aborts).
+        """
+        req = self._request(method, path, json, content, headers, session)
+        dispatcher = self._dispatcher
+        dispatcher.admit()
+        try:
+            with req.scope:
+                answer = await dispatcher.run(req, stream=True)
+                try:
+                    yield ForwardStream(req, answer)
+                finally:
+                    ctx = answer.ctx
+                    if ctx is not None:
+                        await ctx.__aexit__(None, None, None)
+                        dispatcher.finish(req, answer.engine, answer.start)
+            if req.scope.cancelled_caught:
+                raise self._aborted(req)
+        finally:
+            dispatcher.outstanding -= 1
+
+    async def complete(
+        self,
+        *,
+        model: str,
+        prompt: Sequence[int] | Any,
+        max_tokens: int,
+        n: int = 1,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        logprobs: bool = True,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        prompt_logprobs: int | None = None,
+        session: str | None = None,
+        **extra: Any,
+    ) -> Completion:
+        """Sample ``n`` completions of token-id ``prompt`` with ``POST /v1/completions``.
+
+        Returns a :class:`~trioforward.codec.Completion`: each choice's ``tokens`` is
+        ``np.ndarray[int32]`` ``(len,)``, ``logprobs`` ``np.ndarray[float32]`` (or
+        ``None`` when ``logprobs=False``); ``prompt_logprobs`` (when asked) is
+        ``float32`` ``(len(prompt),)`` with NaN at position 0. Raises
+        :class:`~trioforward.errors.EngineRejected` (``.status``, ``.body``) for a
+        non-2xx answer, and the dispatch errors of :meth:`post`.
+        """
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "n": n,
+            "temperature": temperature,
+            "return_token_ids": True,
+        }
+        if logprobs:
+            body["logprobs"] = 1
+        if seed is not None:
+            body["seed"] = seed
+        if stop is not None:
+            body["stop"] = stop
+        if stop_token_ids is not None:
+            body["stop_token_ids"] = stop_token_ids
+        if prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs
+        body.update(extra)
+        content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+        response = await self.post("/v1/completions", json=body, content=content, session=session)
+        if not 200 <= response.status < 300:
+            text = response.content[:500].decode("utf-8", "replace")
+            err = EngineRejected(
+                f"engine {response.engine} answered {response.status}: {text}",
+                status=response.status,
+                body=response.content,
+                headers=response.headers,
+                attempts=response.attempts,
+                engine=response.engine,
+            )
+            err.queue_time = response.queue_time
+            err.engine_time = response.engine_time
+            raise err
+        completion = decode_completion(response.content)
+        completion.engine = response.engine
+        completion.attempts = response.attempts
+        completion.queue_time = response.queue_time
+        completion.engine_time = response.engine_time
+        return completion
+
+    # -- weight-update gating ---------------------------------------------------------
+
+    def _targets(self, engines: Iterable[str] | None) -> list[Engine]:
+        if engines is None:
+            return list(self._registry.engines)
+        return [self._registry.get(url) for url in engines]
+
+    async def pause(self, engines: Iterable[str] | None = None, mode: PauseMode = "wait") -> None:
+        """Stop new dispatch to ``engines`` (default: all, including ones added later).
+
+        Requests keep arriving and wait in QUEUED, with no budget charged.
+        ``mode="wait"`` returns once the in-flight requests on those engines have
+        finished; ``mode="abort"`` cancels them (connection closed, so the engine
+        aborts; each caller gets :class:`DispatchAborted`) and returns once they
+        are gone. Raises ``KeyError`` for an unknown engine, ``ValueError`` for a
+        bad mode.
+        """
+        if mode not in ("wait", "abort"):
+            raise ValueError(f"pause mode must be 'wait' or 'abort', got {mode!r}")
+        targets = self._targets(engines)
+        if engines is None:
+            self._paused_all = True
+        for engine in targets:
+            self._registry.set_paused(engine, True)
+        if mode == "abort":
+            for engine in targets:
+                engine.abort_calls(
+                    f"engine {engine.url} was paused (mode=abort) for a weight update"
+                )
+        for engine in targets:
+            await engine.wait_idle()
+
+    async def resume(self, engines: Iterable[str] | None = None) -> None:
+        """Let dispatch to ``engines`` (default: all) start again; waiting requests go in FIFO order."""
+        targets = self._targets(engines)
+        if engines is None:
+            self._paused_all = False
+        for engine in targets:
+            self._registry.set_paused(engine, False)
+        await trio.lowlevel.checkpoint()
+
+    @asynccontextmanager
+    async def paused(
+        self, engines: Iterable[str] | None = None, mode: PauseMode = "wait"
+    ) -> AsyncIterator[None]:
+        """``async with client.paused():`` — pause on entry, resume on exit (even on error)."""
+        targets = None if engines is None else list(engines)
+        await self.pause(targets, mode)
+        try:
+            yield
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.resume(targets)
+
+    # -- introspection ---------------------------------------------------------------
+
+    def statistics(self) -> ClientStatistics:
+        """A snapshot of the counters (O(engines) at most)."""
+        d = self._dispatcher
+        return ClientStatistics(
+            requests_total=d.requests_total,
+            in_flight=d.in_flight,
+            queued=d.queued,
+            retries=dict(d.retries),
+            responses=dict(d.responses),
+            adapter_loads=dict(self._loader.loads),
+            pool=self._pool.statistics(),
+        )
+
+
+@asynccontextmanager
+async def open_client(
+    engines: Iterable[str] | None = None,
+    settings: Settings | None = None,
+    **knob_overrides: Any,
+) -> AsyncIterator[Client]:
+    """``async with open_client(engines=[...], settings=..., **knobs) as client:``
+
+    ``engines`` (base URLs) replace ``settings.engines``; ``knob_overrides`` are
+    any :class:`Settings` fields (validated; raises ``SettingsError``). On exit the
+    health probes stop and idle connections close; requests still running in
+    other tasks must have finished (they belong to their callers' nurseries).
+    """
+    settings = settings if settings is not None else Settings()
+    if knob_overrides:
+        settings = settings.replace(**knob_overrides)
+    if engines is not None:
+        settings = settings.replace(engines=tuple(engines))
+    async with (
+        open_pool(
+            max_connections=settings.connections_per_engine,
+            idle_expiry=settings.idle_expiry,
+            connect_timeout=settings.connect_timeout,
+        ) as pool,
+        open_pool(
+            max_connections=0,
+            idle_expiry=settings.idle_expiry,
+            connect_timeout=settings.health_timeout,
+        ) as control,
+        trio.open_nursery() as nursery,
+    ):
+        client = Client(settings, pool, control, nursery)
+        for url in settings.engines:
+            client.engines.add(url)
+        try:
+            yield client
+        finally:
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,410 @@
+"""Where, when and whether again: one request from QUEUED to its answer (DESIGN §4).
+
+``Dispatcher.run`` routes a :class:`Request`, waits for the engine's capacity
+(QUEUED: bounded only by ``queue_timeout``), computes the dispatch deadline once
+(``dispatch_timeout`` from capacity acquired) and makes attempts under it. After
+every attempt it asks ``_policy`` what the outcome means and carries the
+decision out: return, raise the gateway error, or retry — at once on a fresh
+connection, after a backoff, after loading an adapter, or on another engine.
+Moving to another engine gives the capacity back and queues again; that queue
+time is not charged to the dispatch budget (the remaining budget is carried over).
+
+Cancellation: the caller's cancellation propagates at once (the pool closes the
+upstream connection, so the engine aborts); it is never retried.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import trio
+
+from trioforward._settings import Settings
+from trioforward.dispatch._adapters import AdapterLoader
+from trioforward.dispatch._budget import RetryBudget
+from trioforward.dispatch._engines import Engine, Registry
+from trioforward.dispatch._policy import (
+    Action,
+    Decision,
+    RetryCounts,
+    RetryPolicy,
+    decide_error,
+    decide_status,
+    parse_retry_after,
+)
+from trioforward.dispatch._request import Request
+from trioforward.dispatch._routing import Router
+from trioforward.errors import (
+    DispatchTimeout,
+    EngineConnectError,
+    NoEngineAvailable,
+    QueueFull,
+    QueueTimeout,
+    TrioforwardError,
+    UpstreamBroken,
+)
+from trioforward.http import (
+    ConnectionPool,
+    PoolError,
+    PoolTimeout,
+    Response,
+    StreamContext,
+    StreamResponse,
+)
+from trioforward.http._errors import Phase
+
+__all__ = ["Dispatcher", "Answer"]
+
+_inf = math.inf
+_NO_COUNTS = RetryCounts()  # read-only: what a request with no retries yet has made
+_STATUS_PHASE = Phase.AWAIT_HEADERS.value  # the phase in which an engine status arrives
+
+
+class Answer:
+    """What ``run`` hands back: the engine's response and, for a stream, its context.
+
+    For a stream with a 2xx/3xx status, ``ctx`` is open and the request still
+    holds the engine's capacity: the caller must ``finish`` it.
+    """
+
+    __slots__ = ("engine", "status", "headers", "content", "stream", "ctx", "start")
+
+    def __init__(
+        self,
+        engine: Engine,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes,
+        stream: StreamResponse | None,
+        ctx: StreamContext | None,
+        start: float,
+    ) -> None:
+        self.engine = engine
+        self.status = status
+        self.headers = headers
+        self.content = content
+        self.stream = stream
+        self.ctx = ctx
+        self.start = start
+
+
+class Dispatcher:
+    """The shared dispatch state of one client."""
+
+    def __init__(
+        self, settings: Settings, registry: Registry, pool: ConnectionPool, loader: AdapterLoader
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.pool = pool
+        self.loader = loader
+        self.router = Router(settings.routing)
+        self.policy = RetryPolicy(
+            connect_retries=settings.connect_retries,
+            rejection_retries=settings.rejection_retries,
+            backoff_initial=settings.backoff_initial,
+            backoff_max=settings.backoff_max,
+            adapter_max_attempts=settings.adapter_max_attempts,
+            adapter_backoff_max=settings.adapter_backoff_max,
+        )
+        self.budget = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min)
+        self.dispatch_timeout = (
+            _inf if settings.dispatch_timeout is None else settings.dispatch_timeout
+        )
+        self.queue_timeout = settings.queue_timeout
+        self.read_timeout = settings.read_timeout
+        self.max_queued = settings.max_queued
+        self.requests_total = 0
+        self.outstanding = 0
+        self.in_flight = 0
+        self.queued = 0
+        self.retries: Counter[tuple[str, str]] = Counter()
+        self.responses: Counter[tuple[str, int]] = Counter()
+
+    # -- admission and QUEUED ---------------------------------------------------
+
+    def admit(self) -> None:
+        """Count a new request; raises :class:`QueueFull` beyond ``max_queued``."""
+        if self.max_queued and self.outstanding >= self.max_queued:
+            raise QueueFull(f"more than {self.max_queued} requests outstanding (max_queued)")
+        self.outstanding += 1
+        self.requests_total += 1
+        self.budget.deposit(trio.current_time())
+
+    async def _acquire(self, req: Request, avoid: Engine | None, queue_deadline: float) -> Engine:
+        """Route ``req`` and wait for that engine's capacity. Returns the engine, token held.
+
+        Raises :class:`NoEngineAvailable` (none registered, or none eligible when
+        ``queue_deadline`` passes) or :class:`QueueTimeout`.
+        """
+        registry = self.registry
+        woken = False
+        while True:
+            engine = self.router.pick(registry.engines, session=req.session, avoid=avoid)
+            if engine is None:
+                if not registry.engines:
+                    raise NoEngineAvailable("no engine is registered")
+                if trio.current_time() >= queue_deadline:
+                    raise NoEngineAvailable("no healthy, unpaused engine (queue_timeout passed)")
+                with trio.CancelScope(deadline=queue_deadline):
+                    await registry.wait_eligible()
+                    woken = True
+                    continue
+                raise NoEngineAvailable("no healthy, unpaused engine before queue_timeout")
+            if woken:
+                registry.wake()  # hand the wake-up on: parked requests leave in FIFO order
+                woken = False
+            limiter = engine.limiter
+            try:
+                limiter.acquire_on_behalf_of_nowait(req)
+            except trio.WouldBlock:
+                if trio.current_time() >= queue_deadline:
+                    raise QueueTimeout(
+                        "engine capacity not available before queue_timeout", engine=engine.url
+                    ) from None
+                req.evicted = False
+                scope = req.queue_scope = trio.CancelScope(deadline=queue_deadline)
+                engine.queued += 1
+                engine.waiters.add(req)
+                try:
+                    with scope:
+                        await limiter.acquire_on_behalf_of(req)
+                finally:
+                    engine.queued -= 1
+                    engine.waiters.discard(req)
+                    req.queue_scope = None
+                if scope.cancelled_caught:
+                    if req.evicted:
+                        continue  # paused/ejected/removed while we queued: route again
+                    raise QueueTimeout(
+                        "engine capacity not available before queue_timeout", engine=engine.url
+                    ) from None
+            if engine.eligible:
+                return engine
+            # Became ineligible between the token hand-off and now.
+            limiter.release_on_behalf_of(req)
+            avoid = None
+
+    # -- dispatch ---------------------------------------------------------------
+
+    def finish(self, req: Request, engine: Engine, start: float) -> None:
+        """Give the engine's capacity back (after the answer, or to move on)."""
+        self.in_flight -= 1
+        engine.calls.discard(req)
+        engine.limiter.release_on_behalf_of(req)
+        engine.call_finished()
+        req.engine_time += trio.current_time() - start
+
+    async def run(self, req: Request, *, stream: bool = False) -> Answer:
+        """Forward ``req`` under the retry rules. Returns the final :class:`Answer`.
+
+        Raises a :class:`TrioforwardError` subclass with ``.phase``, ``.attempts``,
+        ``.engine``, ``.queue_time`` and ``.engine_time`` set.
+        """
+        budget = self.dispatch_timeout
+        avoid: Engine | None = None
+        arrival = trio.current_time()
+        queue_deadline = _inf if self.queue_timeout is None else arrival + self.queue_timeout
+        try:
+            while True:
+                self.queued += 1
+                t0 = trio.current_time()
+                try:
+                    engine = await self._acquire(req, avoid, queue_deadline + req.engine_time)
+                finally:
+                    self.queued -= 1
+                start = trio.current_time()
+                req.queue_time += start - t0
+                deadline = start + budget
+                self.in_flight += 1
+                engine.in_flight += 1
+                engine.calls.add(req)
+                req.engine = engine
+                handed_over = False
+                try:
+                    answer = await self._attempts(req, engine, deadline, start, stream)
+                    if answer is not None:
+                        handed_over = answer.ctx is not None
+                        return answer
+                finally:
+                    if not handed_over:
+                        self.finish(req, engine, start)
+                budget = max(0.0, deadline - trio.current_time())
+                avoid = engine
+        except TrioforwardError as exc:
+            exc.attempts = req.attempts
+            exc.engine = req.engine_url
+            exc.queue_time = req.queue_time
+            exc.engine_time = req.engine_time
+            raise
+
+    async def _attempts(
+        self, req: Request, engine: Engine, deadline: float, start: float, stream: bool
+    ) -> Answer | None:
+        """Attempts on ``engine`` until an answer (returned), an error (raised) or a
+        decision to move to another engine (``None``)."""
+        pool = self.pool
+        url = engine.url + req.url_path
+        model = req.model
+        while True:
+            req.attempts += 1
+            epoch = 0
+            if req.is_adapter:
+                assert model is not None
+                if model in engine.adapter_flights:
+                    await self.loader.wait_pending(engine, model)
+                epoch = engine.adapter_epoch.get(model, 0)
+            req.phase = Phase.CONNECT
+            ctx: StreamContext | None = None
+            sresp: StreamResponse | None = None
+            try:
+                if stream:
+                    ctx = pool.stream(
+                        req.method,
+                        url,
+                        headers=req.headers,
+                        content=req.content,
+                        deadline=deadline,
+                        read_timeout=self.read_timeout,
+                    )
+                    sresp = await ctx.__aenter__()
+                    status, headers, content = sresp.status, sresp.headers, b""
+                    if status >= 400:
+                        # Error bodies are small: read them for the decision, and so
+                        # the connection can be reused.
+                        try:
+                            content = await sresp.aread()
+                        finally:
+                            await ctx.__aexit__(None, None, None)
+                        ctx = sresp = None
+                else:
+                    response: Response = await pool.request(
+                        req.method,
+                        url,
+                        headers=req.headers,
+                        content=req.content,
+                        deadline=deadline,
+                        read_timeout=self.read_timeout,
+                    )
+                    status, headers, content = response.status, response.headers, response.content
+            except PoolError as exc:
+                req.phase = exc.phase
+                decision = self._on_error(req, engine, exc, deadline)
+                if decision.action is Action.FAIL:
+                    raise self._error(req, exc, deadline) from exc
+                last_error: PoolError | None = exc
+            else:
+                self.responses[(engine.url, status)] += 1
+                self.registry.record_success(engine, probe=False)
+                if req.is_adapter and status < 300:
+                    assert model is not None
+                    engine.adapters_loaded.add(model)
+                if status < 400:
+                    return Answer(engine, status, headers, content, sresp, ctx, start)
+                req.phase = Phase.AWAIT_HEADERS
+                decision = decide_status(
+                    status,
+                    body=content,
+                    retry_after=_retry_after(headers),
+                    is_adapter=req.is_adapter,
+                    counts=req.counts or _NO_COUNTS,
+                    policy=self.policy,
+                )
+                if decision.action is Action.RETURN:
+                    return Answer(engine, status, headers, content, None, None, start)
+                last_error = None
+            # -- a retry was decided ------------------------------------------------
+            if not self._may_retry(req, decision):
+                if last_error is not None:
+                    raise self._error(req, last_error, deadline) from last_error
+                return Answer(engine, status, headers, content, None, None, start)
+            phase = last_error.phase.value if last_error is not None else _STATUS_PHASE
+            req.note_retry(phase, decision.reason)
+            self.retries[(phase, decision.reason)] += 1
+            if decision.load_adapter:
+                assert model is not None
+                await self.loader.ensure_loaded(engine, model, seen_epoch=epoch)
+            if decision.delay > 0:
+                if trio.current_time() + decision.delay >= deadline:
+                    # No time left for another attempt: the last outcome stands.
+                    if last_error is not None:
+                        raise self._error(req, last_error, deadline) from last_error
+                    return Answer(engine, status, headers, content, None, None, start)
+                await trio.sleep(decision.delay)
+            if decision.fresh_connection:
+                pool.close_idle(engine.origin)
+            if decision.other_engine:
+                alternative = self.router.pick(
+                    self.registry.engines, session=req.session, avoid=engine
+                )
+                if alternative is not None and alternative is not engine:
+                    return None
+                # Otherwise this engine is the only choice (even if just ejected: the
+                # request already has attempts, it spends its retries rather than
+                # waiting for a health probe).
+
+    def _on_error(self, req: Request, engine: Engine, exc: PoolError, deadline: float) -> Decision:
+        if exc.phase is Phase.CONNECT:
+            self.registry.record_failure(engine)
+        if trio.current_time() >= deadline:
+            return Decision(Action.FAIL, "dispatch_deadline")
+        return decide_error(
+            exc.phase,
+            reused=exc.reused,
+            response_bytes=exc.response_bytes,
+            timeout=isinstance(exc, PoolTimeout),
+            counts=req.counts or _NO_COUNTS,
+            policy=self.policy,
+        )
+
+    def _may_retry(self, req: Request, decision: Decision) -> bool:
+        """Count the retry against its rule, and (for the storm-prone ones) the budget."""
+        counts = req.retry_counts()
+        reason = decision.reason
+        if reason == "keepalive_race":
+            counts.keepalive += 1
+            return True
+        if reason == "adapter_not_loaded":
+            # Not a symptom of failing engines: the load resolves it. Exempt from
+            # the storm budget (a new adapter meets thousands of requests at once).
+            counts.adapter += 1
+            return True
+        if not self.budget.try_withdraw(trio.current_time()):
+            return False
+        if reason == "connect_error":
+            counts.connect += 1
+        else:
+            counts.rejection += 1
+        return True
+
+    def _error(self, req: Request, exc: PoolError, deadline: float) -> TrioforwardError:
+        """The gateway error for a failed attempt that will not be retried."""
+        phase = exc.phase
+        engine = req.engine_url
+        if isinstance(exc, PoolTimeout) or (trio.current_time() >= deadline and deadline < _inf):
+            if (
+                phase is Phase.READ_BODY
+                and isinstance(exc, PoolTimeout)
+                and trio.current_time() < deadline
+            ):
+                what = "read_timeout passed with no body bytes"
+            else:
+                what = "dispatch_timeout passed"
+            return DispatchTimeout(
+                f"{what} ({phase.value}) on {engine}: {exc}", phase=phase, engine=engine
+            )
+        if phase is Phase.CONNECT:
+            return EngineConnectError(
+                f"could not connect to {engine}: {exc}", phase=phase, engine=engine
+            )
+        return UpstreamBroken(
+            f"engine {engine} broke the exchange ({phase.value}): {exc}", phase=phase, engine=engine
+        )
+
+
+def _retry_after(headers: list[tuple[bytes, bytes]]) -> float | None:
+    for name, value in headers:
+        if name == b"retry-after":
+            return parse_retry_after(value)
+    return None

@@ -1,0 +1,263 @@
+"""The engine registry: one record per engine, its capacity limiter and its health.
+
+Each :class:`Engine` owns a ``trio.CapacityLimiter`` of ``engine_capacity``
+tokens. The limiter *is* the engine's queue (DESIGN §4): FIFO, parked tasks are
+woken one by one as tokens come back, nothing rescans waiters. A request that
+finds no eligible engine at all (every engine paused or ejected) parks in the
+registry's own FIFO lot and is let go, in order, when one becomes eligible.
+
+State changes (pause, ejection, removal) *evict* the requests queued on that
+engine: their queue wait is cancelled and they route again, so nobody waits for
+capacity on an engine that will not take them. Evicting walks only that
+engine's own waiters, once, at the state change — never per request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from trioforward.dispatch._routing import stable_hash
+from trioforward.http._models import parse_target
+
+if TYPE_CHECKING:
+    from trioforward.dispatch._request import Request
+
+__all__ = ["Engine", "EngineInfo", "Registry"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """A snapshot of one engine (``client.engines.list()``).
+
+    ``in_flight``: requests holding its capacity; ``queued``: waiting for it;
+    ``capacity``: its limiter size (0 = unlimited); ``consecutive_failures``:
+    failed health probes and connects since the last success.
+    """
+
+    url: str
+    healthy: bool
+    paused: bool
+    in_flight: int
+    queued: int
+    capacity: int
+    consecutive_failures: int
+
+
+class _Flight:
+    """One adapter load in progress; late requests wait on it (single-flight)."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+class Engine:
+    """One engine's record. Mutated only from trio tasks (no locks: see DESIGN §3)."""
+
+    __slots__ = (
+        "url",
+        "origin",
+        "seed",
+        "capacity",
+        "limiter",
+        "in_flight",
+        "queued",
+        "healthy",
+        "paused",
+        "removed",
+        "eligible",
+        "consecutive_failures",
+        "consecutive_successes",
+        "adapters_loaded",
+        "adapter_epoch",
+        "adapter_flights",
+        "calls",
+        "waiters",
+        "_idle",
+        "health_scope",
+    )
+
+    def __init__(self, url: str, capacity: int) -> None:
+        self.url = url.rstrip("/")
+        self.origin = parse_target(self.url).key
+        self.seed = stable_hash(self.url)
+        self.capacity = capacity
+        self.limiter = trio.CapacityLimiter(capacity if capacity > 0 else math.inf)
+        self.in_flight = 0
+        self.queued = 0
+        self.healthy = True
+        self.paused = False
+        self.removed = False
+        self.eligible = True
+        self.consecutive_failures = 0
+        self.consecutive_successes = 0
+        self.adapters_loaded: set[str] = set()
+        self.adapter_epoch: dict[str, int] = {}
+        self.adapter_flights: dict[str, _Flight] = {}
+        self.calls: set[Request] = set()  # dispatched here (for abort)
+        self.waiters: set[Request] = set()  # parked in the limiter (for eviction)
+        self._idle: trio.Event | None = None
+        self.health_scope: trio.CancelScope | None = None
+
+    @property
+    def outstanding(self) -> int:
+        return self.in_flight + self.queued
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            self.url,
+            self.healthy,
+            self.paused,
+            self.in_flight,
+            self.queued,
+            self.capacity,
+            self.consecutive_failures,
+        )
+
+    def evict_waiters(self) -> None:
+        """Send every request queued here back to routing (state changed)."""
+        for request in self.waiters:
+            request.evicted = True
+            if request.queue_scope is not None:
+                request.queue_scope.cancel()
+
+    def abort_calls(self, reason: str) -> None:
+        """Cancel every request dispatched here; each raises ``DispatchAborted(reason)``."""
+        for request in list(self.calls):
+            request.abort(reason)
+
+    def forget_adapters(self) -> None:
+        """The engine may have restarted: none of our loads can be assumed."""
+        self.adapters_loaded.clear()
+
+    def call_finished(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    async def wait_idle(self) -> None:
+        """Return once nothing is dispatched to this engine."""
+        while self.in_flight > 0:
+            if self._idle is None:
+                self._idle = trio.Event()
+            await self._idle.wait()
+
+
+class Registry:
+    """The engines of one client, in registration order, and the no-engine lot."""
+
+    __slots__ = (
+        "engines",
+        "by_url",
+        "capacity",
+        "health_failures",
+        "health_successes",
+        "_lot",
+        "version",
+    )
+
+    def __init__(self, capacity: int, health_failures: int, health_successes: int) -> None:
+        self.engines: list[Engine] = []
+        self.by_url: dict[str, Engine] = {}
+        self.capacity = capacity
+        self.health_failures = health_failures
+        self.health_successes = health_successes
+        self._lot = trio.lowlevel.ParkingLot()
+        self.version = 0
+
+    # -- membership -----------------------------------------------------------
+
+    def add(self, url: str) -> Engine:
+        """Register ``url`` (idempotent). Raises ``ValueError`` for a bad URL."""
+        key = url.rstrip("/")
+        engine = self.by_url.get(key)
+        if engine is not None:
+            return engine
+        engine = Engine(key, self.capacity)
+        # Copy-on-write: routing iterates ``engines`` without holding anything.
+        self.engines = [*self.engines, engine]
+        self.by_url[key] = engine
+        self.version += 1
+        self.wake()
+        return engine
+
+    def remove(self, url: str) -> Engine | None:
+        """Unregister ``url``: in-flight requests are aborted, queued ones re-routed."""
+        engine = self.by_url.pop(url.rstrip("/"), None)
+        if engine is None:
+            return None
+        self.engines = [e for e in self.engines if e is not engine]
+        engine.removed = True
+        self._refresh(engine)
+        engine.abort_calls(f"engine {engine.url} was removed")
+        if engine.health_scope is not None:
+            engine.health_scope.cancel()
+        self.version += 1
+        return engine
+
+    def get(self, url: str) -> Engine:
+        engine = self.by_url.get(url.rstrip("/"))
+        if engine is None:
+            raise KeyError(f"engine {url!r} is not registered")
+        return engine
+
+    # -- eligibility ----------------------------------------------------------
+
+    def _refresh(self, engine: Engine) -> None:
+        was = engine.eligible
+        engine.eligible = engine.healthy and not engine.paused and not engine.removed
+        if was and not engine.eligible:
+            engine.evict_waiters()
+        elif engine.eligible and not was:
+            self.wake()
+
+    def set_paused(self, engine: Engine, paused: bool) -> None:
+        engine.paused = paused
+        self._refresh(engine)
+
+    def record_failure(self, engine: Engine) -> None:
+        """A failed health probe or connect; ejects after ``health_failures`` in a row."""
+        engine.consecutive_failures += 1
+        engine.consecutive_successes = 0
+        if (
+            engine.healthy
+            and self.health_failures > 0
+            and engine.consecutive_failures >= self.health_failures
+        ):
+            engine.healthy = False
+            engine.forget_adapters()
+            self._refresh(engine)
+
+    def record_success(self, engine: Engine, *, probe: bool) -> None:
+        """The engine answered. Only health probes re-admit an ejected engine."""
+        engine.consecutive_failures = 0
+        if not probe:
+            return
+        engine.consecutive_successes += 1
+        if not engine.healthy and engine.consecutive_successes >= self.health_successes:
+            engine.healthy = True
+            engine.forget_adapters()  # it may be a restarted process
+            self._refresh(engine)
+
+    # -- waiting for any eligible engine ----------------------------------------
+
+    @property
+    def parked(self) -> int:
+        return len(self._lot)
+
+    def wake(self) -> None:
+        """An engine became eligible: let the first parked request route again."""
+        if self._lot:
+            self._lot.unpark()
+
+    async def wait_eligible(self) -> None:
+        """Park (FIFO) until :meth:`wake`. The woken request calls :meth:`wake` again
+        once it has routed, so parked requests leave one by one, in order."""
+        await self._lot.park()

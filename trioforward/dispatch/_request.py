@@ -1,0 +1,157 @@
+"""One forwarded request's state, and the header rules applied to it.
+
+A :class:`Request` lives from ``client.post``/``client.stream`` to the answer;
+it is the limiter borrower, the handle ``pause(mode="abort")`` cancels through,
+and where attempts, phases and times accumulate for errors and statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import trio
+
+from trioforward.dispatch._policy import RetryCounts
+from trioforward.http._errors import Phase
+
+if TYPE_CHECKING:
+    from trioforward.dispatch._engines import Engine
+
+__all__ = ["Request", "HeaderInput", "prepare_headers", "strip_response_headers", "HOP_BY_HOP"]
+
+# RFC 9110 §7.6.1 connection-specific fields, plus Host and Content-Length which the
+# pool computes for the upstream hop (and the server for the downstream one).
+HOP_BY_HOP = frozenset(
+    (
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    )
+)
+
+Headers = list[tuple[str | bytes, str | bytes]]
+
+HeaderInput = (
+    Mapping[str, str] | Mapping[bytes, bytes] | Iterable[tuple[str | bytes, str | bytes]] | None
+)
+
+_JSON_ONLY: Headers = [(b"content-type", b"application/json")]
+_NO_HEADERS: Headers = []
+
+
+def _b(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode("latin-1")
+
+
+def prepare_headers(headers: HeaderInput, *, json_body: bool) -> tuple[Headers, str | None]:
+    """Headers to send upstream (hop-by-hop removed) and the ``X-Session-ID`` value.
+
+    With no caller headers the shared ``[(content-type, application/json)]`` list
+    is returned (never mutated): no allocation on the common path.
+    """
+    if not headers:
+        return (_JSON_ONLY if json_body else _NO_HEADERS), None
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    out: Headers = []
+    session: str | None = None
+    has_type = False
+    for name, value in pairs:
+        lname = _b(name).lower()
+        if lname in HOP_BY_HOP:
+            continue
+        bvalue = _b(value)
+        if lname == b"x-session-id":
+            session = bvalue.decode("latin-1")
+        elif lname == b"content-type":
+            has_type = True
+        out.append((lname, bvalue))
+    if json_body and not has_type:
+        out.append(_JSON_ONLY[0])
+    return out, session
+
+
+def strip_response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The engine's response headers without hop-by-hop ones (names are lower-case)."""
+    return [h for h in headers if h[0] not in HOP_BY_HOP]
+
+
+class Request:
+    """Per-request dispatch state. Also the ``CapacityLimiter`` borrower."""
+
+    __slots__ = (
+        "method",
+        "url_path",
+        "headers",
+        "content",
+        "model",
+        "is_adapter",
+        "session",
+        "scope",
+        "queue_scope",
+        "evicted",
+        "abort_reason",
+        "phase",
+        "attempts",
+        "engine",
+        "queue_time",
+        "engine_time",
+        "retries",
+        "counts",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        url_path: str,
+        headers: Headers,
+        content: bytes,
+        model: str | None,
+        is_adapter: bool,
+        session: int | None,
+    ) -> None:
+        self.method = method
+        self.url_path = url_path
+        self.headers = headers
+        self.content = content
+        self.model = model
+        self.is_adapter = is_adapter
+        self.session = session
+        self.scope = trio.CancelScope()
+        self.queue_scope: trio.CancelScope | None = None
+        self.evicted = False
+        self.abort_reason: str | None = None
+        self.phase = Phase.QUEUED
+        self.attempts = 0
+        self.engine: Engine | None = None
+        self.queue_time = 0.0
+        self.engine_time = 0.0
+        self.retries: list[tuple[str, str]] | None = None
+        self.counts: RetryCounts | None = None
+
+    def abort(self, reason: str) -> None:
+        """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.scope.cancel()
+
+    @property
+    def engine_url(self) -> str | None:
+        return self.engine.url if self.engine is not None else None
+
+    def retry_counts(self) -> RetryCounts:
+        counts = self.counts
+        if counts is None:
+            counts = self.counts = RetryCounts()
+        return counts
+
+    def note_retry(self, phase: str, reason: str) -> None:
+        if self.retries is None:
+            self.retries = []
+        self.retries.append((phase, reason))

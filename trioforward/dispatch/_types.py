@@ -1,0 +1,66 @@
+"""Value objects the client returns: responses and statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from trioforward.http._models import PoolStatistics
+
+__all__ = ["ForwardResponse", "ClientStatistics"]
+
+
+@dataclass(slots=True)
+class ForwardResponse:
+    """The engine's answer to one forwarded request, whatever its status.
+
+    ``headers``: lower-case ``(name, value)`` bytes pairs, hop-by-hop ones
+    removed; ``content``: the whole body; ``engine``: the base URL of the engine
+    that answered; ``attempts``: upstream attempts made (>= 1); ``queue_time``:
+    seconds in ``QUEUED``; ``engine_time``: seconds from dispatch (capacity
+    acquired) to the complete answer, summed over engines; ``retries``: the
+    ``(phase, reason)`` of each retry, in order.
+    """
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    content: bytes
+    engine: str
+    attempts: int
+    queue_time: float
+    engine_time: float
+    retries: tuple[tuple[str, str], ...] = ()
+
+    def json(self) -> Any:
+        """The body parsed with orjson (raises ``orjson.JSONDecodeError``)."""
+        return orjson.loads(self.content)
+
+    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
+        """The first value of header ``name`` (lower-case bytes)."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    """A snapshot of ``client.statistics()``.
+
+    ``requests_total``: requests accepted since the client opened;
+    ``in_flight``: dispatched now (holding engine capacity); ``queued``: waiting
+    in ``QUEUED`` now; ``retries``: count by ``(phase, reason)``; ``responses``:
+    engine answers (every attempt) by ``(engine URL, status)``;
+    ``adapter_loads``: successful loads by ``(engine URL, adapter)``; ``pool``:
+    the forwarding pool's own statistics.
+    """
+
+    requests_total: int
+    in_flight: int
+    queued: int
+    retries: dict[tuple[str, str], int]
+    responses: dict[tuple[str, int], int]
+    adapter_loads: dict[tuple[str, str], int]
+    pool: PoolStatistics
