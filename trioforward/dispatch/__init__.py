@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from trioforward.codec import Choice, Completion
 from trioforward.dispatch._adapters import AdapterRegistry
-from trioforward.dispatch._client import Client, Engines, open_client
+from trioforward.dispatch._admin import Engines
+from trioforward.dispatch._client import Client, open_client
 from trioforward.dispatch._engines import EngineInfo
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse

@@ -15,8 +15,9 @@ import trio
 from trioforward._settings import Settings
 from trioforward.codec import Completion, decode_completion
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
+from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._dispatch import Dispatcher
-from trioforward.dispatch._engines import Engine, EngineInfo, Registry
+from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._health import health_loop
 from trioforward.dispatch._request import (
@@ -30,45 +31,9 @@ from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.errors import DispatchAborted, EngineRejected
 from trioforward.http import ConnectionPool, open_pool
 
-__all__ = ["Client", "Engines", "open_client"]
+__all__ = ["Client", "open_client"]
 
 PauseMode = Literal["wait", "abort"]
-
-
-class Engines:
-    """``client.engines``: add, remove and list engines at run time (all synchronous)."""
-
-    __slots__ = ("_client",)
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
-
-    def add(self, url: str) -> EngineInfo:
-        """Register ``url`` (``http://host:port``); starts its health probes. Idempotent.
-
-        An engine added while every engine is paused (``pause()`` with no list)
-        starts paused too.
-        """
-        client = self._client
-        known = url.rstrip("/") in client._registry.by_url
-        engine = client._registry.add(url)
-        if not known:
-            if client._paused_all:
-                client._registry.set_paused(engine, True)
-            client._start_health(engine)
-        return engine.info()
-
-    def remove(self, url: str) -> bool:
-        """Unregister ``url``. Its in-flight requests fail with :class:`DispatchAborted`;
-        its queued ones are routed again. Returns False if it was not registered."""
-        return self._client._registry.remove(url) is not None
-
-    def list(self) -> list[EngineInfo]:
-        """A snapshot of every engine, in registration order."""
-        return [e.info() for e in self._client._registry.engines]
-
-    def __len__(self) -> int:
-        return len(self._client._registry.engines)
 
 
 class Client:

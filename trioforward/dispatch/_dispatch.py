@@ -24,6 +24,7 @@ from trioforward._settings import Settings
 from trioforward.dispatch._adapters import AdapterLoader
 from trioforward.dispatch._budget import RetryBudget
 from trioforward.dispatch._engines import Engine, Registry
+from trioforward.dispatch._outcome import Answer, gateway_error, retry_after
 from trioforward.dispatch._policy import (
     Action,
     Decision,
@@ -31,18 +32,14 @@ from trioforward.dispatch._policy import (
     RetryPolicy,
     decide_error,
     decide_status,
-    parse_retry_after,
 )
 from trioforward.dispatch._request import Request
 from trioforward.dispatch._routing import Router
 from trioforward.errors import (
-    DispatchTimeout,
-    EngineConnectError,
     NoEngineAvailable,
     QueueFull,
     QueueTimeout,
     TrioforwardError,
-    UpstreamBroken,
 )
 from trioforward.http import (
     ConnectionPool,
@@ -59,34 +56,6 @@ __all__ = ["Dispatcher", "Answer"]
 _inf = math.inf
 _NO_COUNTS = RetryCounts()  # read-only: what a request with no retries yet has made
 _STATUS_PHASE = Phase.AWAIT_HEADERS.value  # the phase in which an engine status arrives
-
-
-class Answer:
-    """What ``run`` hands back: the engine's response and, for a stream, its context.
-
-    For a stream with a 2xx/3xx status, ``ctx`` is open and the request still
-    holds the engine's capacity: the caller must ``finish`` it.
-    """
-
-    __slots__ = ("engine", "status", "headers", "content", "stream", "ctx", "start")
-
-    def __init__(
-        self,
-        engine: Engine,
-        status: int,
-        headers: list[tuple[bytes, bytes]],
-        content: bytes,
-        stream: StreamResponse | None,
-        ctx: StreamContext | None,
-        start: float,
-    ) -> None:
-        self.engine = engine
-        self.status = status
-        self.headers = headers
-        self.content = content
-        self.stream = stream
-        self.ctx = ctx
-        self.start = start
 
 
 class Dispatcher:
@@ -306,7 +275,7 @@ class Dispatcher:
                 decision = decide_status(
                     status,
                     body=content,
-                    retry_after=_retry_after(headers),
+                    retry_after=retry_after(headers),
                     is_adapter=req.is_adapter,
                     counts=req.counts or _NO_COUNTS,
                     policy=self.policy,
@@ -379,32 +348,4 @@ class Dispatcher:
         return True
 
     def _error(self, req: Request, exc: PoolError, deadline: float) -> TrioforwardError:
-        """The gateway error for a failed attempt that will not be retried."""
-        phase = exc.phase
-        engine = req.engine_url
-        if isinstance(exc, PoolTimeout) or (trio.current_time() >= deadline and deadline < _inf):
-            if (
-                phase is Phase.READ_BODY
-                and isinstance(exc, PoolTimeout)
-                and trio.current_time() < deadline
-            ):
-                what = "read_timeout passed with no body bytes"
-            else:
-                what = "dispatch_timeout passed"
-            return DispatchTimeout(
-                f"{what} ({phase.value}) on {engine}: {exc}", phase=phase, engine=engine
-            )
-        if phase is Phase.CONNECT:
-            return EngineConnectError(
-                f"could not connect to {engine}: {exc}", phase=phase, engine=engine
-            )
-        return UpstreamBroken(
-            f"engine {engine} broke the exchange ({phase.value}): {exc}", phase=phase, engine=engine
-        )
-
-
-def _retry_after(headers: list[tuple[bytes, bytes]]) -> float | None:
-    for name, value in headers:
-        if name == b"retry-after":
-            return parse_retry_after(value)
-    return None
+        return gateway_error(exc, req.engine_url, deadline, trio.current_time())

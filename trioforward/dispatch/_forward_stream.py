@@ -7,10 +7,9 @@ from collections.abc import AsyncIterator
 
 import trio
 
-from trioforward.dispatch._dispatch import Answer
+from trioforward.dispatch._outcome import Answer, gateway_error
 from trioforward.dispatch._request import Request, strip_response_headers
-from trioforward.errors import DispatchTimeout, UpstreamBroken
-from trioforward.http import PoolError, PoolTimeout
+from trioforward.http import PoolError
 from trioforward.http._errors import Phase
 
 __all__ = ["ForwardStream"]
@@ -69,24 +68,9 @@ class ForwardStream:
                 yield chunk
         except PoolError as exc:
             req.phase = Phase.READ_BODY
-            error: DispatchTimeout | UpstreamBroken
-            if isinstance(exc, PoolTimeout):
-                ctx = answer.ctx
-                past = (
-                    ctx is not None
-                    and ctx.deadline < math.inf
-                    and trio.current_time() >= ctx.deadline
-                )
-                what = (
-                    "dispatch_timeout passed" if past else "read_timeout passed with no body bytes"
-                )
-                error = DispatchTimeout(
-                    f"{what} while streaming from {self.engine}: {exc}", phase=Phase.READ_BODY
-                )
-            else:
-                error = UpstreamBroken(
-                    f"engine {self.engine} broke the stream: {exc}", phase=Phase.READ_BODY
-                )
+            ctx = answer.ctx
+            deadline = ctx.deadline if ctx is not None else math.inf
+            error = gateway_error(exc, self.engine, deadline, trio.current_time())
             error.attempts = req.attempts
             error.engine = self.engine
             error.queue_time = req.queue_time
