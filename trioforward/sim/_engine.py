@@ -325,14 +325,17 @@ class SimEngine:
 
     async def _timed_generation(self, ex: Exchange, gen: Generation, rid: str, created: int) -> None:
         stats = self.stats
-        stats.queued += 1
-        stats.peak_queued = max(stats.peak_queued, stats.queued)
-        stats.changed()
         try:
-            await self._limiter.acquire()
-        finally:
-            stats.queued -= 1
+            self._limiter.acquire_nowait()
+        except trio.WouldBlock:
+            stats.queued += 1
+            stats.peak_queued = max(stats.peak_queued, stats.queued)
             stats.changed()
+            try:
+                await self._limiter.acquire()
+            finally:
+                stats.queued -= 1
+                stats.changed()
         try:
             stats.running += 1
             stats.peak_running = max(stats.peak_running, stats.running)
