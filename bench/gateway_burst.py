@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 TICKS = os.sysconf("SC_CLK_TCK")
+CLI = "from trioforward.cli import main; main()"
 BODY = {"model": "sim-base", "prompt": "the quick brown fox", "max_tokens": 4, "temperature": 1.0}
 
 
@@ -165,7 +166,7 @@ def run(sizes: list[int], n_engines: int, targets: list[str]) -> dict[str, Any]:
         engines = []
         for _ in range(n_engines):
             port = _free_port("127.0.0.1")
-            proc = _spawn([py, "-m", "trioforward.cli", "sim-engine", "--port", str(port)])
+            proc = _spawn([py, "-c", CLI, "sim-engine", "--port", str(port)])
             procs.append(proc)
             engines.append((f"http://127.0.0.1:{port}", proc))
         for url, proc in engines:
@@ -174,7 +175,7 @@ def run(sizes: list[int], n_engines: int, targets: list[str]) -> dict[str, Any]:
         plan_targets = []
         if "trioforward" in targets:
             port = _free_port("127.0.0.2")
-            args = [py, "-m", "trioforward.cli", "serve", "--host", "127.0.0.2", "--port", str(port),
+            args = [py, "-c", CLI, "serve", "--host", "127.0.0.2", "--port", str(port),
                     "--no-access-log", "--log-level", "warning"]
             for url in engine_urls:
                 args += ["--engine", url]

@@ -1,0 +1,62 @@
+"""Test harness: the gateway served by Hypercorn on 127.0.0.1:0 in process, simulated engines."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+import trio.testing
+
+from trioforward._settings import Settings
+from trioforward.server import GatewayState, create_app, serve
+
+
+@dataclass
+class Gateway:
+    url: str
+    app: Any
+
+    @property
+    def state(self) -> GatewayState:
+        state: GatewayState = self.app.extensions["trioforward"]
+        return state
+
+    async def pool_active(self) -> int:
+        """Active upstream connections once every task has settled (a response is
+        complete for the client a moment before its handler leaves the stream block)."""
+        await trio.testing.wait_all_tasks_blocked()
+        return int(self.state.client.statistics().pool.active)
+
+
+@asynccontextmanager
+async def open_gateway(*engine_urls: str, **knobs: Any) -> AsyncIterator[Gateway]:
+    """The gateway app under Hypercorn's trio worker on a free loopback port."""
+    settings = Settings(engines=tuple(engine_urls)).replace(**knobs)
+    app = create_app(settings)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            functools.partial(serve, app, settings, bind="127.0.0.1:0", shutdown_trigger=stop.wait)
+        )
+        try:
+            yield Gateway(binds[0], app)
+        finally:
+            stop.set()
+
+
+@asynccontextmanager
+async def open_sim(**kwargs: Any) -> AsyncIterator[Any]:
+    from trioforward.sim import open_engine
+
+    async with open_engine(port=0, **kwargs) as engine:
+        yield engine
+
+
+def generation_requests(engine: Any) -> int:
+    """Generation requests the engine received (health probes excluded)."""
+    by_path = engine.stats.by_path
+    return int(by_path["/v1/completions"] + by_path["/v1/chat/completions"])

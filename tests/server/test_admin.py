@@ -1,0 +1,85 @@
+"""Admin API: engines, pause/resume (weight-update gating), adapters, health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import trio
+import trio.lowlevel
+from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
+
+BODY = {"model": "sim-base", "prompt": "x", "max_tokens": 2}
+
+
+async def test_health(engine: Any, gateway: Gateway) -> None:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(gateway.url + "/health")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+    assert response.json()["engines"] == 1
+
+
+async def test_add_and_remove_engines(engine: Any, fd_baseline: int) -> None:
+    async with open_sim() as second, open_gateway(engine.url) as gw:
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            added = await client.post("/admin/engines", json={"url": second.url})
+            assert added.status_code == 201
+            assert {e["url"] for e in added.json()["engines"]} == {engine.url, second.url}
+            bad = await client.post("/admin/engines", json={"url": "ftp://x"})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "url"
+            removed = await client.request("DELETE", "/admin/engines", json={"url": engine.url})
+            assert removed.status_code == 200
+            assert [e["url"] for e in removed.json()["engines"]] == [second.url]
+            missing = await client.request("DELETE", "/admin/engines", params={"url": engine.url})
+            assert missing.status_code == 404
+            response = await client.post("/v1/completions", json=BODY)
+            assert response.status_code == 200
+        assert generation_requests(second) == 1
+        assert generation_requests(engine) == 0
+
+
+async def test_pause_holds_requests_until_resume(engine: Any, gateway: Gateway) -> None:
+    results: list[int] = []
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        paused = await client.post("/admin/pause", json={"engines": [engine.url], "mode": "wait"})
+        assert paused.status_code == 200
+        assert paused.json()["engines"][0]["paused"] is True
+
+        async def one() -> None:
+            response = await client.post("/v1/completions", json=BODY)
+            results.append(response.status_code)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(one)
+            with trio.fail_after(10):
+                while gateway.state.client.statistics().queued < 3:
+                    await trio.testing.wait_all_tasks_blocked()
+                    await trio.lowlevel.checkpoint()
+            assert generation_requests(engine) == 0
+            resumed = await client.post("/admin/resume", json={})
+            assert resumed.status_code == 200
+    assert results == [200, 200, 200]
+    assert generation_requests(engine) == 3
+
+
+async def test_pause_rejects_a_bad_mode(engine: Any, gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        response = await client.post("/admin/pause", json={"mode": "later"})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "mode"
+
+
+async def test_adapters_are_registered_and_listed_as_models(engine: Any, gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        created = await client.post("/admin/adapters", json={"name": "lora-a", "path": "/adapters/a", "parent": "sim-base"})
+        assert created.status_code == 201
+        bad = await client.post("/admin/adapters", json={"name": "lora-b"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "path"
+        listed = await client.get("/admin/adapters")
+        models = await client.get("/v1/models")
+    assert listed.json()["adapters"] == [{"name": "lora-a", "path": "/adapters/a", "parent": "sim-base"}]
+    by_id = {m["id"]: m for m in models.json()["data"]}
+    assert by_id["lora-a"]["parent"] == "sim-base"
+    assert "sim-base" in by_id

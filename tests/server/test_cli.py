@@ -1,0 +1,76 @@
+"""``trioforward serve``: flags generated from every knob, environment, TOML, bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from trioforward._settings import knobs
+from trioforward.cli import main
+from trioforward.server._cli import load_settings
+
+
+def test_help_documents_every_knob_with_default_and_env() -> None:
+    result = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    for knob in knobs():
+        assert knob.flag in text
+        assert knob.env in text
+    for flag in ("--engine URL", "--config FILE", "--host", "--port", "--no-access-log"):
+        assert flag in text
+    assert "[default: 4096 connections" in text
+    assert "[default: 75.0 s" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "knob"),
+    [
+        (["--engine-capacity", "lots"], "engine_capacity"),
+        (["--dispatch-timeout", "-1"], "dispatch_timeout"),
+        (["--routing", "random"], "routing"),
+        (["--engine", "localhost:8000"], "engines"),
+        (["--log-level", "loud"], "log_level"),
+    ],
+)
+def test_bad_values_exit_2_naming_the_knob(args: list[str], knob: str) -> None:
+    result = CliRunner().invoke(main, ["serve", *args])
+    assert result.exit_code == 2
+    assert repr(knob) in result.output
+
+
+def test_bad_environment_value_exits_2() -> None:
+    result = CliRunner().invoke(main, ["serve"], env={"TRIOFORWARD_KEEP_ALIVE": "forever"})
+    assert result.exit_code == 2
+    assert "'keep_alive'" in result.output and "TRIOFORWARD_KEEP_ALIVE" in result.output
+
+
+def test_precedence_file_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "gw.toml"
+    config.write_text(
+        '[trioforward]\nengines = ["http://127.0.0.1:9001"]\nengine_capacity = 8\nkeep_alive = 10\nport = 7000\n'
+    )
+    monkeypatch.setenv("TRIOFORWARD_ENGINE_CAPACITY", "16")
+    monkeypatch.setenv("TRIOFORWARD_QUEUE_TIMEOUT", "none")
+    settings = load_settings(str(config), ("http://127.0.0.1:9002",), {"port": "7001", "access_log": False})
+    assert settings.engines == ("http://127.0.0.1:9001", "http://127.0.0.1:9002") or settings.engines == (
+        "http://127.0.0.1:9002",
+    )
+    assert settings.engine_capacity == 16
+    assert settings.keep_alive == 10.0
+    assert settings.queue_timeout is None
+    assert settings.port == 7001
+    assert settings.access_log is False
+
+
+def test_bad_toml_is_a_usage_error(tmp_path: Path) -> None:
+    config = tmp_path / "gw.toml"
+    config.write_text("engine_capacity = [")
+    with pytest.raises(click.UsageError):
+        load_settings(str(config), (), {})
+    config.write_text("no_such_knob = 1\n")
+    with pytest.raises(click.UsageError, match="no_such_knob"):
+        load_settings(str(config), (), {})

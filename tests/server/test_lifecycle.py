@@ -1,0 +1,172 @@
+"""Hypercorn settings, long streams, and SIGTERM drain of a ``trioforward serve`` process."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from gateway_harness import generation_requests, open_gateway, open_sim
+
+from trioforward._settings import Settings
+from trioforward.server import create_app, hypercorn_config
+from trioforward.server._serve import somaxconn
+
+
+def test_hypercorn_and_quart_settings_for_bursts_and_long_generations() -> None:
+    settings = Settings()
+    config = hypercorn_config(settings)
+    assert config.backlog == min(4096, somaxconn())
+    assert config.keep_alive_timeout == 75.0
+    assert config.graceful_timeout == settings.shutdown_grace
+    assert config.read_timeout is None
+    app = create_app(settings)
+    assert app.config["RESPONSE_TIMEOUT"] is None
+    assert app.config["BODY_TIMEOUT"] is None
+    assert app.config["MAX_CONTENT_LENGTH"] == 64 * 1024 * 1024
+    config = hypercorn_config(settings.replace(backlog=10**6, host="::1", port=9))
+    assert config.backlog == somaxconn()
+    assert config.bind == ["[::1]:9"]
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    # Jumps only when every task has been blocked for 20 ms of real time, so loopback
+    # I/O always completes first; sleeps (the trickling engine) cost no real time.
+    return trio.testing.MockClock(autojump_threshold=0.02)
+
+
+async def test_a_long_stream_arrives_whole(autojump_clock: trio.testing.MockClock, fd_baseline: int) -> None:
+    async with open_sim() as engine, open_gateway(engine.url) as gw:
+        engine.faults.trickle = 1
+        engine.faults.trickle_bytes = 96
+        engine.faults.trickle_interval = 1.0
+        body = {"model": "sim-base", "prompt": "x", "max_tokens": 48, "stream": True}
+        started = trio.current_time()
+        async with httpx.AsyncClient(timeout=None) as client:
+            async with client.stream("POST", gw.url + "/v1/completions", json=body) as response:
+                assert response.status_code == 200
+                raw = b"".join([chunk async for chunk in response.aiter_bytes()])
+        lasted = trio.current_time() - started
+        with trio.fail_after(5):
+            await engine.stats.wait_for(lambda s: s.completed == 1)
+        assert await gw.pool_active() == 0
+    assert lasted > 70.0, f"stream lasted only {lasted:.1f} s of engine time; make it trickle longer"
+    assert raw.rstrip().endswith(b"data: [DONE]")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _start_gateway(engine_url: str, *flags: str) -> tuple[trio.Process, str, bytearray]:
+    port = _free_port()
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", "from trioforward.cli import main; main()", "serve", "--engine", engine_url, "--port", str(port), *flags],
+        stderr=subprocess.PIPE,
+    )
+    log = bytearray()
+    assert proc.stderr is not None
+    try:
+        with trio.fail_after(30):
+            while b"listening on" not in log:
+                chunk = await proc.stderr.receive_some()
+                if not chunk:
+                    raise AssertionError(f"gateway exited: {log.decode()}")
+                log += chunk
+    except BaseException:
+        await _reap(proc)
+        raise
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+async def _reap(proc: trio.Process) -> None:
+    if proc.returncode is None:
+        proc.kill()
+    with trio.CancelScope(shield=True):
+        await proc.wait()
+        if proc.stderr is not None:
+            await proc.stderr.aclose()
+
+
+async def _drain_log(proc: trio.Process, log: bytearray) -> None:
+    assert proc.stderr is not None
+    while chunk := await proc.stderr.receive_some():
+        log += chunk
+
+
+async def test_sigterm_lets_in_flight_requests_finish_then_exits_0(fd_baseline: int) -> None:
+    async with open_sim(decode_ms_per_token=20) as engine:
+        proc, url, log = await _start_gateway(engine.url, "--shutdown-grace", "30")
+        try:
+            await _sigterm_case(engine, proc, url, log)
+        finally:
+            await _reap(proc)
+
+
+async def _sigterm_case(engine: Any, proc: trio.Process, url: str, log: bytearray) -> None:
+    results: list[httpx.Response] = []
+
+    async def request() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {"model": "sim-base", "prompt": "x", "max_tokens": 40}
+            results.append(await client.post(url + "/v1/completions", json=body))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_drain_log, proc, log)
+        nursery.start_soon(request)
+        with trio.fail_after(10):
+            await engine.stats.wait_for(lambda s: s.running == 1)
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            code = await proc.wait()
+            await engine.stats.wait_for(lambda s: s.completed == 1)
+    assert code == 0, log.decode()
+    assert [r.status_code for r in results] == [200]
+    assert len(results[0].json()["choices"][0]["text"]) > 0
+    assert engine.stats.aborted == 0
+    assert b"SIGTERM received" in log
+
+
+async def test_shutdown_grace_expiry_closes_the_rest_and_aborts_upstream(fd_baseline: int) -> None:
+    async with open_sim(decode_ms_per_token=50) as engine:
+        proc, url, log = await _start_gateway(engine.url, "--shutdown-grace", "0.3")
+        try:
+            await _grace_case(engine, proc, url, log)
+        finally:
+            await _reap(proc)
+
+
+async def _grace_case(engine: Any, proc: trio.Process, url: str, log: bytearray) -> None:
+    failures: list[BaseException] = []
+
+    async def request() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {"model": "sim-base", "prompt": "x", "max_tokens": 1000}
+            try:
+                await client.post(url + "/v1/completions", json=body)
+            except httpx.HTTPError as exc:
+                failures.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_drain_log, proc, log)
+        nursery.start_soon(request)
+        with trio.fail_after(10):
+            await engine.stats.wait_for(lambda s: s.running == 1)
+        proc.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            code = await proc.wait()
+            await engine.stats.wait_for(lambda s: s.aborted == 1)
+    assert code == 0, log.decode()
+    assert len(failures) == 1
+    assert generation_requests(engine) == 1
+
+
