@@ -314,14 +314,11 @@ class SimEngine:
                 stats.running -= 1
             if gen.stream:
                 await ex.start_stream(200, _SSE)
-                await ex.send_chunk(b"".join(stream_steps(gen, samples, rid, created)))
-                await ex.end_stream()
+                await ex.end_stream(b"".join(stream_steps(gen, samples, rid, created)))
             else:
                 await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
         else:
             await self._timed_generation(ex, gen, rid, created)
-        stats.completed += 1
-        stats.changed()
 
     async def _timed_generation(self, ex: Exchange, gen: Generation, rid: str, created: int) -> None:
         stats = self.stats
@@ -344,10 +341,12 @@ class SimEngine:
             await self._prefill(gen)
             if gen.stream:
                 await ex.start_stream(200, _SSE)
-                for step in stream_steps(gen, samples, rid, created):
+                steps = list(stream_steps(gen, samples, rid, created))
+                for step in steps[:-1]:
                     await self._decode(1)
                     await ex.send_chunk(step)
-                await ex.end_stream()
+                await self._decode(1)
+                await ex.end_stream(steps[-1])
             else:
                 await self._decode(max((len(s.tokens) for s in samples), default=0))
                 await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))

@@ -53,13 +53,17 @@ class Exchange:
     Writes raise ``_Aborted`` when the client is gone.
     """
 
-    __slots__ = ("conn", "stream", "engine", "path", "close", "stall_headers", "stall_body", "trickle", "status", "_first_chunk")
+    __slots__ = (
+        "conn", "stream", "engine", "path", "generation", "close",
+        "stall_headers", "stall_body", "trickle", "status", "_first_chunk",
+    )
 
     def __init__(self, engine: SimEngine, conn: h11.Connection, stream: trio.SocketStream, path: str) -> None:
         self.engine = engine
         self.conn = conn
         self.stream = stream
         self.path = path
+        self.generation = False
         self.close = False
         self.stall_headers = self.stall_body = self.trickle = False
         self.status = 0
@@ -84,10 +88,29 @@ class Exchange:
                 return
             step = max(1, self.engine.faults.trickle_bytes)
             for i in range(0, len(data), step):
+                if i:
+                    await trio.sleep(self.engine.faults.trickle_interval)
                 await self.stream.send_all(data[i : i + step])
-                await trio.sleep(self.engine.faults.trickle_interval)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise _Aborted from None
+
+    async def _last_write(self, data: bytes) -> None:
+        # A generation answered 200 counts as completed *before* its last
+        # bytes go out, so a client holding the whole answer always sees
+        # stats.completed include it (tests assert right after a response).
+        # If that write fails the count is taken back and the driver counts
+        # an abort instead.
+        counted = self.generation and self.status == 200
+        if counted:
+            self.engine.stats.completed += 1
+            self.engine.stats.changed()
+        try:
+            await self._write(data)
+        except _Aborted:
+            if counted:
+                self.engine.stats.completed -= 1
+                self.engine.stats.changed()
+            raise
 
     async def _stall(self) -> None:
         seconds = self.engine.faults.stall_seconds
@@ -107,19 +130,17 @@ class Exchange:
         head = self._head(status, headers)
         data = self.conn.send(h11.Data(data=body)) or b"" if body else b""
         tail = self.conn.send(h11.EndOfMessage()) or b""
-        if not self.slow:
-            await self._write(head + data + tail)
-        elif self.stall_headers:
+        if self.stall_headers:
             await self._write(head)
             await self._stall()
-            await self._write(data + tail)
+            await self._last_write(data + tail)
         elif self.stall_body:
             half = len(data) // 2
             await self._write(head + data[:half])
             await self._stall()
-            await self._write(data[half:] + tail)
+            await self._last_write(data[half:] + tail)
         else:
-            await self._write(head + data + tail)
+            await self._last_write(head + data + tail)
 
     async def start_stream(self, status: int, content_type: bytes) -> None:
         """Send the headers of a chunked answer (Transfer-Encoding: chunked)."""
@@ -128,8 +149,8 @@ class Exchange:
         if self.stall_headers:
             await self._stall()
 
-    async def send_chunk(self, data: bytes) -> None:
-        """Send one body chunk of a streamed answer."""
+    async def send_chunk(self, data: bytes, last: bool = False) -> None:
+        """Send one body chunk of a streamed answer (``last``: and end the answer)."""
         framed = self.conn.send(h11.Data(data=data)) or b""
         if self.stall_body and self._first_chunk:
             half = len(framed) // 2
@@ -137,11 +158,17 @@ class Exchange:
             await self._stall()
             framed = framed[half:]
         self._first_chunk = False
-        await self._write(framed)
+        if last:
+            await self._last_write(framed + (self.conn.send(h11.EndOfMessage()) or b""))
+        else:
+            await self._write(framed)
 
-    async def end_stream(self) -> None:
-        """Finish a streamed answer."""
-        await self._write(self.conn.send(h11.EndOfMessage()) or b"")
+    async def end_stream(self, final: bytes = b"") -> None:
+        """Send the last chunk ``final`` (if any) and finish a streamed answer, in one write."""
+        if final:
+            await self.send_chunk(final, last=True)
+        else:
+            await self._last_write(self.conn.send(h11.EndOfMessage()) or b"")
 
 
 async def _receive(stream: trio.SocketStream) -> bytes:
@@ -231,7 +258,7 @@ async def serve_connection(
                 try:
                     got = await _read_request(engine, conn, stream)
                 except h11.RemoteProtocolError as exc:
-                    if conn.our_state is h11.SEND_RESPONSE:
+                    if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                         status = exc.error_status_hint
                         body = b'{"detail":"%s"}' % str(exc).encode()
                         ex = Exchange(engine, conn, stream, "")
@@ -246,7 +273,7 @@ async def serve_connection(
                 request, body = got
                 path = request.target.partition(b"?")[0].decode("latin-1")
                 ex = Exchange(engine, conn, stream, path)
-                generation = path in engine.generation_paths
+                generation = ex.generation = path in engine.generation_paths
                 if not path.startswith("/sim/"):
                     stats.requests += 1
                     stats.by_path[path] += 1
