@@ -16,7 +16,9 @@ upstream connection, so the engine aborts); it is never retried.
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
+from collections.abc import Callable
 
 import trio
 
@@ -77,6 +79,8 @@ class Dispatcher:
             adapter_max_attempts=settings.adapter_max_attempts,
             adapter_backoff_max=settings.adapter_backoff_max,
         )
+        # The jitter source (tests may replace it to pin the backoff).
+        self.rand: Callable[[], float] = random.random
         self.budget = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_min)
         self.dispatch_timeout = (
             _inf if settings.dispatch_timeout is None else settings.dispatch_timeout
@@ -325,6 +329,7 @@ class Dispatcher:
             timeout=isinstance(exc, PoolTimeout),
             counts=req.counts or _NO_COUNTS,
             policy=self.policy,
+            rand=self.rand,
         )
 
     def _may_retry(self, req: Request, decision: Decision) -> bool:

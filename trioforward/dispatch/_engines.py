@@ -161,6 +161,7 @@ class Registry:
         "health_successes",
         "_lot",
         "version",
+        "_changed",
     )
 
     def __init__(self, capacity: int, health_failures: int, health_successes: int) -> None:
@@ -171,6 +172,7 @@ class Registry:
         self.health_successes = health_successes
         self._lot = trio.lowlevel.ParkingLot()
         self.version = 0
+        self._changed: trio.Event | None = None
 
     # -- membership -----------------------------------------------------------
 
@@ -217,6 +219,17 @@ class Registry:
             engine.evict_waiters()
         elif engine.eligible and not was:
             self.wake()
+        if was is not engine.eligible:
+            self.version += 1
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = None
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of any engine's eligibility (health, pause, removal)."""
+        if self._changed is None:
+            self._changed = trio.Event()
+        await self._changed.wait()
 
     def set_paused(self, engine: Engine, paused: bool) -> None:
         engine.paused = paused
