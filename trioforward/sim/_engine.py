@@ -147,6 +147,12 @@ class SimEngine:
         self._serving.cancel()
         await self._stopped.wait()
 
+    async def outage(self, seconds: float) -> None:
+        """Go down for ``seconds``: stop listening (connections die), then listen again on the same port."""
+        await self.stop_listening()
+        await trio.sleep(seconds)
+        await self.start_listening()
+
     async def _serve(
         self, listener: trio.SocketListener, scope: trio.CancelScope, task_status: trio.TaskStatus[None]
     ) -> None:
@@ -274,6 +280,10 @@ class SimEngine:
                 slowdown = changes.pop("prefill_stall_slowdown", math.inf)
                 if changes.pop("end_stall", False):
                     self.end_stall()
+                outage = changes.pop("outage", None)
+                if outage is not None:
+                    # runs beside this request, which the stop then cuts off
+                    self._nursery.start_soon(self.outage, float(outage))
                 if changes.pop("reset_stats", False):
                     self.stats.reset()
                 self.faults.update(changes)

@@ -192,6 +192,12 @@ async def _read_request(
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
+            if conn.they_are_waiting_for_100_continue:  # curl sends Expect for bodies > 1 KiB
+                data = conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+                try:
+                    await stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return None
             if request is None and conn.their_state is h11.IDLE:
                 with trio.move_on_after(engine.keep_alive):
                     conn.receive_data(await _receive(stream))
