@@ -35,7 +35,9 @@ class Conn:
     async def open(cls, engine: SimEngine) -> Conn:
         return cls(await trio.open_tcp_stream("127.0.0.1", engine.port))
 
-    async def send(self, method: str, path: str, json: Any = None, headers: list[tuple[str, str]] | None = None) -> None:
+    async def send(
+        self, method: str, path: str, json: Any = None, headers: list[tuple[str, str]] | None = None
+    ) -> None:
         body = b"" if json is None else orjson.dumps(json)
         hdrs = [("host", "127.0.0.1"), ("content-length", str(len(body))), *(headers or [])]
         if json is not None:
@@ -74,7 +76,9 @@ class Conn:
             self.h11.start_next_cycle()
         return Reply(head.status_code, list(head.headers), body)
 
-    async def request(self, method: str, path: str, json: Any = None, headers: list[tuple[str, str]] | None = None) -> Reply:
+    async def request(
+        self, method: str, path: str, json: Any = None, headers: list[tuple[str, str]] | None = None
+    ) -> Reply:
         await self.send(method, path, json, headers)
         return await self.response()
 

@@ -24,7 +24,10 @@ async def test_health_and_models(engine: SimEngine) -> None:
         assert health.status_code == 200 and health.content == b""
         models = (await client.get("/v1/models")).json()
     assert models["object"] == "list"
-    assert [(m["id"], m["parent"]) for m in models["data"]] == [("sim-base", None), ("sim-base-2", None)]
+    assert [(m["id"], m["parent"]) for m in models["data"]] == [
+        ("sim-base", None),
+        ("sim-base-2", None),
+    ]
     assert engine.stats.by_path == {"/health": 1, "/v1/models": 1}
     assert engine.stats.requests == 2
 
@@ -32,8 +35,14 @@ async def test_health_and_models(engine: SimEngine) -> None:
 async def test_completion_matches_the_prediction(engine: SimEngine) -> None:
     prompt = [3, 1, 4, 1, 5]
     body = {
-        "model": "sim-base", "prompt": prompt, "max_tokens": 6, "seed": 42, "n": 2,
-        "logprobs": 2, "prompt_logprobs": 1, "return_token_ids": True,
+        "model": "sim-base",
+        "prompt": prompt,
+        "max_tokens": 6,
+        "seed": 42,
+        "n": 2,
+        "logprobs": 2,
+        "prompt_logprobs": 1,
+        "return_token_ids": True,
     }
     async with httpx.AsyncClient(base_url=engine.url) as client:
         reply = (await client.post("/v1/completions", json=body)).json()
@@ -47,14 +56,22 @@ async def test_completion_matches_the_prediction(engine: SimEngine) -> None:
         lp = choice["logprobs"]
         assert lp["token_logprobs"] == logprobs
         assert lp["tokens"] == [f" t{t}" for t in tokens]
-        assert lp["top_logprobs"] == [expected_top_logprobs(t, x, 2) for t, x in zip(tokens, logprobs, strict=True)]
+        assert lp["top_logprobs"] == [
+            expected_top_logprobs(t, x, 2) for t, x in zip(tokens, logprobs, strict=True)
+        ]
         assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(f" t{tokens[0]}")
         assert choice["prompt_logprobs"] == expected_prompt_logprobs("sim-base", prompt, 1)
     assert engine.stats.completed == 1 and engine.stats.by_model == {"sim-base": 1}
 
 
 async def test_string_and_batched_prompts(engine: SimEngine) -> None:
-    body = {"model": "sim-base-2", "prompt": ["ab", [7, 8]], "max_tokens": 3, "seed": 1, "return_token_ids": True}
+    body = {
+        "model": "sim-base-2",
+        "prompt": ["ab", [7, 8]],
+        "max_tokens": 3,
+        "seed": 1,
+        "return_token_ids": True,
+    }
     async with httpx.AsyncClient(base_url=engine.url) as client:
         reply = (await client.post("/v1/completions", json=body)).json()
     a, b = reply["choices"]
@@ -67,12 +84,29 @@ async def test_string_and_batched_prompts(engine: SimEngine) -> None:
 async def test_stop_token_ids_and_stop_strings(engine: SimEngine) -> None:
     full = expected_completion("sim-base", [1], 0, 0, 8)[0]
     async with httpx.AsyncClient(base_url=engine.url) as client:
-        by_id = (await client.post("/v1/completions", json={
-            "prompt": [1], "max_tokens": 8, "seed": 0, "stop_token_ids": [full[4]], "return_token_ids": True,
-        })).json()["choices"][0]
-        by_text = (await client.post("/v1/completions", json={
-            "prompt": [1], "max_tokens": 8, "seed": 0, "stop": f" t{full[2]}",
-        })).json()["choices"][0]
+        by_id = (
+            await client.post(
+                "/v1/completions",
+                json={
+                    "prompt": [1],
+                    "max_tokens": 8,
+                    "seed": 0,
+                    "stop_token_ids": [full[4]],
+                    "return_token_ids": True,
+                },
+            )
+        ).json()["choices"][0]
+        by_text = (
+            await client.post(
+                "/v1/completions",
+                json={
+                    "prompt": [1],
+                    "max_tokens": 8,
+                    "seed": 0,
+                    "stop": f" t{full[2]}",
+                },
+            )
+        ).json()["choices"][0]
     assert by_id["finish_reason"] == "stop" and by_id["stop_reason"] == full[4]
     assert by_id["token_ids"] == full[:5] and by_id["text"] == render_text(full[:4])
     assert by_text["finish_reason"] == "stop" and by_text["text"] == render_text(full[:2])
@@ -80,8 +114,15 @@ async def test_stop_token_ids_and_stop_strings(engine: SimEngine) -> None:
 
 async def test_chat_completion(engine: SimEngine) -> None:
     messages = [{"role": "user", "content": "hi"}]
-    body = {"model": "sim-base", "messages": messages, "max_tokens": 4, "logprobs": True, "top_logprobs": 1,
-            "seed": 5, "return_token_ids": True}
+    body = {
+        "model": "sim-base",
+        "messages": messages,
+        "max_tokens": 4,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "seed": 5,
+        "return_token_ids": True,
+    }
     async with httpx.AsyncClient(base_url=engine.url) as client:
         reply = (await client.post("/v1/chat/completions", json=body)).json()
     prompt = tokenize("user: hi\n")
@@ -103,11 +144,19 @@ def _events(body: bytes) -> list[dict[str, object]]:
 @pytest.mark.parametrize("chat", [False, True])
 async def test_streaming_equals_the_full_answer(engine: SimEngine, chat: bool) -> None:
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    base: dict[str, object] = {"model": "sim-base", "max_tokens": 5, "seed": 3, "n": 2, "return_token_ids": True}
+    base: dict[str, object] = {
+        "model": "sim-base",
+        "max_tokens": 5,
+        "seed": 3,
+        "n": 2,
+        "return_token_ids": True,
+    }
     base.update({"messages": [{"role": "user", "content": "x"}]} if chat else {"prompt": [4, 2]})
     async with httpx.AsyncClient(base_url=engine.url) as client:
         full = (await client.post(path, json=base)).json()
-        streamed = await client.post(path, json={**base, "stream": True, "stream_options": {"include_usage": True}})
+        streamed = await client.post(
+            path, json={**base, "stream": True, "stream_options": {"include_usage": True}}
+        )
     assert streamed.headers["content-type"] == "text/event-stream"
     events = _events(streamed.content)
     assert events[-1]["usage"] == full["usage"] and events[-1]["choices"] == []
@@ -127,7 +176,10 @@ async def test_stream_never_sends_the_stop_string(engine: SimEngine) -> None:
     full = expected_completion("sim-base", [1], 0, 0, 8)[0]
     stop = f" t{full[1]} t{full[2]}"  # spans two tokens
     async with httpx.AsyncClient(base_url=engine.url) as client:
-        streamed = await client.post("/v1/completions", json={"prompt": [1], "max_tokens": 8, "seed": 0, "stop": [stop], "stream": True})
+        streamed = await client.post(
+            "/v1/completions",
+            json={"prompt": [1], "max_tokens": 8, "seed": 0, "stop": [stop], "stream": True},
+        )
     text = "".join(c["text"] for e in _events(streamed.content) for c in e["choices"])  # type: ignore[attr-defined]
     assert text == sample("sim-base", [1], 0, 0, 8, stop=[stop]).text == render_text(full[:1])
 
@@ -148,7 +200,13 @@ async def test_bad_requests_are_400_and_unknown_paths_404(engine: SimEngine) -> 
 async def test_unknown_model_is_vllm_not_found(engine: SimEngine) -> None:
     reply = await request(engine, "POST", "/v1/completions", {"model": "nobody", "prompt": [1]})
     assert reply.status == 404
-    assert reply.json() == {"error": {"message": "The model `nobody` does not exist.", "type": "NotFoundError", "code": 404}}
+    assert reply.json() == {
+        "error": {
+            "message": "The model `nobody` does not exist.",
+            "type": "NotFoundError",
+            "code": 404,
+        }
+    }
     assert engine.stats.by_model == {"nobody": 1} and engine.stats.completed == 0
 
 

@@ -25,7 +25,9 @@ async def test_fleet_engines_are_independent(fd_baseline: int) -> None:
         assert (await request(engines[0], "GET", "/v1/models")).json()["data"][0]["id"] == "m"
 
 
-async def test_outage_through_the_faults_endpoint(fd_baseline: int, autojump_clock: trio.abc.Clock) -> None:
+async def test_outage_through_the_faults_endpoint(
+    fd_baseline: int, autojump_clock: trio.abc.Clock
+) -> None:
     async with open_engine() as engine:
         reply = await request(engine, "POST", "/sim/faults", {"outage": 5})
         assert reply.status == 200
@@ -55,7 +57,9 @@ async def test_wait_for_wakes_on_change_without_polling(engine: SimEngine) -> No
 
 async def test_expect_100_continue(engine: SimEngine) -> None:
     async with await Conn.open(engine) as conn:
-        reply = await conn.request("POST", "/v1/completions", {"prompt": [1]}, headers=[("expect", "100-continue")])
+        reply = await conn.request(
+            "POST", "/v1/completions", {"prompt": [1]}, headers=[("expect", "100-continue")]
+        )
         assert reply.status == 200
 
 
@@ -69,8 +73,17 @@ async def test_stats_snapshot_is_json_ready(engine: SimEngine) -> None:
 def test_cli_help_lists_every_option() -> None:
     result = CliRunner().invoke(sim_engine, ["--help"])
     assert result.exit_code == 0
-    for flag in ("--port", "--capacity", "--prefill-ms-per-token", "--decode-ms-per-token", "--model",
-                 "--adapter", "--lazy-adapters", "--keep-alive", "--host"):
+    for flag in (
+        "--port",
+        "--capacity",
+        "--prefill-ms-per-token",
+        "--decode-ms-per-token",
+        "--model",
+        "--adapter",
+        "--lazy-adapters",
+        "--keep-alive",
+        "--host",
+    ):
         assert flag in result.output
     bad = CliRunner().invoke(sim_engine, ["--port", "0", "--adapter", "nopath"])
     assert bad.exit_code != 0 and "NAME=PATH" in bad.output
@@ -79,7 +92,18 @@ def test_cli_help_lists_every_option() -> None:
 async def test_cli_serves_until_terminated(fd_baseline: int) -> None:
     code = "from trioforward.cli import main; main()"
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", code, "sim-engine", "--port", "0", "--model", "cli-model", "--capacity", "2"],
+        [
+            sys.executable,
+            "-c",
+            code,
+            "sim-engine",
+            "--port",
+            "0",
+            "--model",
+            "cli-model",
+            "--capacity",
+            "2",
+        ],
         stderr=subprocess.PIPE,
     )
     try:

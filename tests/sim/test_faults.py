@@ -73,7 +73,9 @@ async def test_drop_closes_after_reading_the_request(engine: SimEngine) -> None:
     assert (await request(engine, "GET", "/health")).status == 200  # not a fault path
     assert (await request(engine, "POST", "/v1/completions", COMPLETE)).status == 200
     s = engine.stats
-    assert s.requests == 3 and s.faults["drop"] == 1 and s.completed == 1 and engine.faults.drop == 0
+    assert (
+        s.requests == 3 and s.faults["drop"] == 1 and s.completed == 1 and engine.faults.drop == 0
+    )
 
 
 @pytest.mark.parametrize(("status", "retry_after"), [(503, 1.5), (429, None)])
@@ -87,7 +89,11 @@ async def test_reject_next_k(engine: SimEngine, status: int, retry_after: float 
             assert reply.status == status and reply.json()["error"]["code"] == status
             assert reply.headers.get("retry-after") == (None if retry_after is None else "1.5")
         assert (await conn.request("POST", "/v1/completions", COMPLETE)).status == 200
-    assert engine.stats.rejected == 2 and engine.stats.responses[status] == 2 and engine.stats.completed == 1
+    assert (
+        engine.stats.rejected == 2
+        and engine.stats.responses[status] == 2
+        and engine.stats.completed == 1
+    )
 
 
 async def test_connection_close_on_every_response(engine: SimEngine) -> None:
@@ -126,7 +132,9 @@ async def test_stall_headers_then_client_leaves_is_aborted(engine: SimEngine) ->
     assert engine.stats.completed == 0 and engine.stats.faults["stall_headers"] == 1
 
 
-async def test_stall_body_sends_half_then_resumes(fd_baseline: int, autojump_clock: trio.abc.Clock) -> None:
+async def test_stall_body_sends_half_then_resumes(
+    fd_baseline: int, autojump_clock: trio.abc.Clock
+) -> None:
     async with open_engine(keep_alive=60) as engine:
         body = {**COMPLETE, "seed": 1}
         expected = (await request(engine, "POST", "/v1/completions", body)).body
@@ -150,7 +158,9 @@ async def test_stall_mid_stream_then_client_leaves_is_aborted(engine: SimEngine)
         await engine.stats.wait_for(lambda s: s.aborted == 1)
 
 
-async def test_trickle_delivers_the_same_body_slowly(fd_baseline: int, autojump_clock: trio.abc.Clock) -> None:
+async def test_trickle_delivers_the_same_body_slowly(
+    fd_baseline: int, autojump_clock: trio.abc.Clock
+) -> None:
     async with open_engine(keep_alive=60) as engine:
         plain = (await request(engine, "POST", "/v1/completions", COMPLETE)).json()
         engine.faults.trickle = 1
@@ -170,7 +180,9 @@ async def test_client_disconnect_while_generating_is_aborted(engine: SimEngine) 
         with trio.fail_after(10):
             await engine.stats.wait_for(lambda s: s.running == 1)
     with trio.fail_after(10):
-        await engine.stats.wait_for(lambda s: s.aborted == 1 and s.running == 0 and s.connections_open == 0)
+        await engine.stats.wait_for(
+            lambda s: s.aborted == 1 and s.running == 0 and s.connections_open == 0
+        )
     assert engine.stats.completed == 0
 
 
@@ -210,7 +222,9 @@ async def test_pipelined_request_during_generation_is_served(fd_baseline: int) -
         assert engine.stats.by_path["/health"] == 1 and engine.stats.aborted == 0
 
 
-async def test_keep_alive_idle_timeout_closes(fd_baseline: int, autojump_clock: trio.abc.Clock) -> None:
+async def test_keep_alive_idle_timeout_closes(
+    fd_baseline: int, autojump_clock: trio.abc.Clock
+) -> None:
     async with open_engine(keep_alive=5.0) as engine:
         async with await Conn.open(engine) as conn:
             assert (await conn.request("GET", "/health")).status == 200
@@ -224,7 +238,9 @@ async def test_faults_only_hit_their_paths(engine: SimEngine) -> None:
     engine.faults.update({"drop": 1, "paths": ["/v1/chat/completions"]})
     assert (await request(engine, "POST", "/v1/completions", COMPLETE)).status == 200
     async with await Conn.open(engine) as conn:
-        await conn.send("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+        await conn.send(
+            "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}
+        )
         assert await conn.at_eof()
     assert engine.stats.faults["drop"] == 1
 

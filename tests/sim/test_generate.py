@@ -33,7 +33,9 @@ def test_tokens_in_vocabulary_logprobs_nonpositive_and_float32_exact() -> None:
     assert finish == "length" and len(tokens) == len(logprobs) == 500
     assert all(0 <= t < VOCAB_SIZE for t in tokens)
     assert all(-4.0 < lp <= 0.0 for lp in logprobs)
-    assert np.array_equal(np.asarray(logprobs, dtype=np.float32).astype(np.float64), np.asarray(logprobs))
+    assert np.array_equal(
+        np.asarray(logprobs, dtype=np.float32).astype(np.float64), np.asarray(logprobs)
+    )
 
 
 def test_shorter_max_tokens_is_a_prefix() -> None:
@@ -43,12 +45,16 @@ def test_shorter_max_tokens_is_a_prefix() -> None:
 
 def test_string_prompt_is_its_utf8_bytes() -> None:
     assert tokenize("hé") == [104, 195, 169]
-    assert expected_completion("sim-base", "hé", 0, 0, 4) == expected_completion("sim-base", [104, 195, 169], 0, 0, 4)
+    assert expected_completion("sim-base", "hé", 0, 0, 4) == expected_completion(
+        "sim-base", [104, 195, 169], 0, 0, 4
+    )
 
 
 def test_stop_token_ids_end_generation_with_the_token_kept() -> None:
     full = expected_tokens("sim-base", [9], 0, 0, 10)
-    tokens, logprobs, finish = expected_completion("sim-base", [9], 0, 0, 10, stop_token_ids=[full[3]])
+    tokens, logprobs, finish = expected_completion(
+        "sim-base", [9], 0, 0, 10, stop_token_ids=[full[3]]
+    )
     assert tokens == full[:4] and len(logprobs) == 4 and finish == "stop"
     s = sample("sim-base", [9], 0, 0, 10, [full[3]])
     assert s.stop_reason == full[3] and s.text == render_text(full[:3])

@@ -11,7 +11,9 @@ from simclient import Reply, request
 from trioforward.sim import SimEngine, open_engine
 
 
-async def _complete(engine: SimEngine, replies: list[Reply], max_tokens: int = 4, stream: bool = False) -> None:
+async def _complete(
+    engine: SimEngine, replies: list[Reply], max_tokens: int = 4, stream: bool = False
+) -> None:
     body = {"prompt": [1, 2, 3], "max_tokens": max_tokens, "stream": stream}
     replies.append(await request(engine, "POST", "/v1/completions", body))
 
@@ -46,8 +48,12 @@ async def test_unlimited_capacity(fd_baseline: int) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_time_is_prefill_plus_decode(fd_baseline: int, autojump_clock: trio.abc.Clock, stream: bool) -> None:
-    async with open_engine(prefill_ms_per_token=100, decode_ms_per_token=1000, keep_alive=60) as engine:
+async def test_time_is_prefill_plus_decode(
+    fd_baseline: int, autojump_clock: trio.abc.Clock, stream: bool
+) -> None:
+    async with open_engine(
+        prefill_ms_per_token=100, decode_ms_per_token=1000, keep_alive=60
+    ) as engine:
         start = trio.current_time()
         replies: list[Reply] = []
         await _complete(engine, replies, max_tokens=4, stream=stream)
@@ -55,7 +61,9 @@ async def test_time_is_prefill_plus_decode(fd_baseline: int, autojump_clock: tri
         assert trio.current_time() - start == pytest.approx(0.3 + 4.0)
 
 
-async def test_queued_request_waits_for_a_slot(fd_baseline: int, autojump_clock: trio.abc.Clock) -> None:
+async def test_queued_request_waits_for_a_slot(
+    fd_baseline: int, autojump_clock: trio.abc.Clock
+) -> None:
     async with open_engine(capacity=1, decode_ms_per_token=1000, keep_alive=60) as engine:
         start = trio.current_time()
         replies: list[Reply] = []

@@ -126,11 +126,17 @@ class Adapters:
         name = req.get("lora_name") if isinstance(req, dict) else None
         path = req.get("lora_path") if isinstance(req, dict) else None
         if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
-            return _err(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
+            return _err(
+                400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput"
+            )
         if name in self.loaded or name in self._loading or name in self.base:
-            return _err(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
+            return _err(
+                400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput"
+            )
         if not self.exists(path):
-            return _err(self.missing_status, f"Loading lora {name} failed: No adapter found for {path}")
+            return _err(
+                self.missing_status, f"Loading lora {name} failed: No adapter found for {path}"
+            )
         parent = req.get("base_model_name") or self.base[0]
         if self.load_seconds > 0:
             self._loading.add(name)
@@ -162,11 +168,25 @@ class Adapters:
     def models_body(self, created: int) -> bytes:
         """``GET /v1/models``: base models, then adapters (``parent`` = base, ``root`` = path)."""
         data = [
-            {"id": m, "object": "model", "created": created, "owned_by": "vllm", "root": m, "parent": None}
+            {
+                "id": m,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": m,
+                "parent": None,
+            }
             for m in self.base
         ]
         data += [
-            {"id": n, "object": "model", "created": created, "owned_by": "vllm", "root": path, "parent": parent}
+            {
+                "id": n,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": path,
+                "parent": parent,
+            }
             for n, (path, parent) in self.loaded.items()
         ]
         return orjson.dumps({"object": "list", "data": data})

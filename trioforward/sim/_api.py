@@ -21,7 +21,14 @@ from trioforward.sim._generate import (
     tokenize,
 )
 
-__all__ = ["ApiError", "Generation", "parse_generation", "complete_body", "stream_steps", "error_body"]
+__all__ = [
+    "ApiError",
+    "Generation",
+    "parse_generation",
+    "complete_body",
+    "stream_steps",
+    "error_body",
+]
 
 _MAX_TOKENS_LIMIT = 1 << 16
 _MAX_N = 1024
@@ -107,7 +114,9 @@ def _prompts(raw: Any) -> list[list[int]]:
             elif (ids := _token_ids(item)) is not None:
                 out.append(ids)
             else:
-                raise ApiError(400, "prompt must be a string, a list of token ids, or a list of either")
+                raise ApiError(
+                    400, "prompt must be a string, a list of token ids, or a list of either"
+                )
         return out
     raise ApiError(400, "prompt must be a string, a list of token ids, or a list of either")
 
@@ -193,14 +202,20 @@ def _chat_logprobs(tokens: Sequence[int], logprobs: Sequence[float], k: int) -> 
             {"token": tt, "logprob": tl, "bytes": list(tt.encode())}
             for tt, tl in list(expected_top_logprobs(t, lp, k).items())[:k]
         ]
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top})
+        content.append(
+            {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top}
+        )
     return {"content": content}
 
 
 def _usage(gen: Generation, samples: list[Sample]) -> dict[str, int]:
     prompt = sum(len(p) for p in gen.prompts) * (gen.n if not gen.chat else 1)
     completion = sum(len(s.tokens) for s in samples)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def complete_body(gen: Generation, samples: list[Sample], rid: str, created: int) -> bytes:
@@ -264,13 +279,25 @@ def stream_steps(gen: Generation, samples: list[Sample], rid: str, created: int)
     usage chunk (``stream_options.include_usage``) and ``data: [DONE]``.
     A choice's last chunk carries its ``finish_reason``.
     """
-    head = {"id": rid, "object": "chat.completion.chunk" if gen.chat else "text_completion", "created": created, "model": gen.model}
+    head = {
+        "id": rid,
+        "object": "chat.completion.chunk" if gen.chat else "text_completion",
+        "created": created,
+        "model": gen.model,
+    }
     steps = max((len(s.tokens) for s in samples), default=0)
     prelude = b""
     if gen.chat:
         for index in range(len(samples)):
-            delta = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            extra = {"prompt_token_ids": gen.prompts[0]} if gen.return_token_ids and index == 0 else {}
+            delta = {
+                "index": index,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            extra = (
+                {"prompt_token_ids": gen.prompts[0]} if gen.return_token_ids and index == 0 else {}
+            )
             prelude += _event({**head, "choices": [delta], **extra})
     offsets = [0] * len(samples)  # text already sent, per choice
     rendered = [0] * len(samples)  # rendered length of the tokens sent, per choice
@@ -288,11 +315,22 @@ def stream_steps(gen: Generation, samples: list[Sample], rid: str, created: int)
             choice: dict[str, Any] = {"index": index}
             if gen.chat:
                 choice["delta"] = {"content": text}
-                choice["logprobs"] = None if gen.logprobs is None else _chat_logprobs(tok, s.logprobs[step : step + 1], gen.logprobs)
+                choice["logprobs"] = (
+                    None
+                    if gen.logprobs is None
+                    else _chat_logprobs(tok, s.logprobs[step : step + 1], gen.logprobs)
+                )
             else:
                 choice["text"] = text
-                choice["logprobs"] = None if gen.logprobs is None else _completion_logprobs(
-                    Sample(tok, s.logprobs[step : step + 1], "", None, ""), gen.logprobs, 0, offsets[index]
+                choice["logprobs"] = (
+                    None
+                    if gen.logprobs is None
+                    else _completion_logprobs(
+                        Sample(tok, s.logprobs[step : step + 1], "", None, ""),
+                        gen.logprobs,
+                        0,
+                        offsets[index],
+                    )
                 )
             offsets[index] += len(text)
             choice["finish_reason"] = s.finish_reason if last else None

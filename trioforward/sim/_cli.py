@@ -25,17 +25,76 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 @click.command("sim-engine")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=int, required=True, help="Port to bind (0 = any free port; printed).")
-@click.option("--capacity", type=int, default=256, show_default=True, help="Requests run at once (vLLM max_num_seqs); 0 = unlimited.")
-@click.option("--prefill-ms-per-token", type=float, default=0.0, show_default=True, help="Prefill time per prompt token (ms).")
-@click.option("--decode-ms-per-token", type=float, default=0.0, show_default=True, help="Time per decode step (ms); both 0 = instant.")
-@click.option("--model", "models", multiple=True, help="Base model name (repeatable; default sim-base and sim-base-2).")
-@click.option("--adapter", "adapters", multiple=True, metavar="NAME=PATH", help="An adapter the engine can find (lazy mode); repeatable.")
-@click.option("--lora-module", "lora_modules", multiple=True, metavar="NAME=PATH", help="An adapter loaded at start; repeatable.")
-@click.option("--lazy-adapters", type=float, default=None, metavar="SECONDS", help="Load a findable adapter by itself this long after its first request.")
-@click.option("--keep-alive", type=float, default=5.0, show_default=True, help="Idle keep-alive timeout (s).")
-@click.option("--no-runtime-lora", is_flag=True, help="Disable the load/unload endpoints (404 {\"detail\": \"Not Found\"}).")
-@click.option("--unknown-model-status", type=click.Choice(["404", "400"]), default="404", show_default=True, help="Status for an unknown model or unloaded adapter.")
-@click.option("--adapter-load-seconds", type=float, default=0.0, show_default=True, help="Time a load request takes (s).")
+@click.option(
+    "--capacity",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Requests run at once (vLLM max_num_seqs); 0 = unlimited.",
+)
+@click.option(
+    "--prefill-ms-per-token",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Prefill time per prompt token (ms).",
+)
+@click.option(
+    "--decode-ms-per-token",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Time per decode step (ms); both 0 = instant.",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="Base model name (repeatable; default sim-base and sim-base-2).",
+)
+@click.option(
+    "--adapter",
+    "adapters",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="An adapter the engine can find (lazy mode); repeatable.",
+)
+@click.option(
+    "--lora-module",
+    "lora_modules",
+    multiple=True,
+    metavar="NAME=PATH",
+    help="An adapter loaded at start; repeatable.",
+)
+@click.option(
+    "--lazy-adapters",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Load a findable adapter by itself this long after its first request.",
+)
+@click.option(
+    "--keep-alive", type=float, default=5.0, show_default=True, help="Idle keep-alive timeout (s)."
+)
+@click.option(
+    "--no-runtime-lora",
+    is_flag=True,
+    help='Disable the load/unload endpoints (404 {"detail": "Not Found"}).',
+)
+@click.option(
+    "--unknown-model-status",
+    type=click.Choice(["404", "400"]),
+    default="404",
+    show_default=True,
+    help="Status for an unknown model or unloaded adapter.",
+)
+@click.option(
+    "--adapter-load-seconds",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Time a load request takes (s).",
+)
 def sim_engine(
     host: str,
     port: int,
@@ -70,7 +129,10 @@ def sim_engine(
 
     async def run() -> None:
         async with open_engine(**options) as engine:  # type: ignore[arg-type]
-            click.echo(f"sim-engine listening on {engine.url} (models: {', '.join(engine.adapters.base)})", err=True)
+            click.echo(
+                f"sim-engine listening on {engine.url} (models: {', '.join(engine.adapters.base)})",
+                err=True,
+            )
             await trio.sleep(math.inf)
 
     try:

@@ -154,7 +154,10 @@ class SimEngine:
         await self.start_listening()
 
     async def _serve(
-        self, listener: trio.SocketListener, scope: trio.CancelScope, task_status: trio.TaskStatus[None]
+        self,
+        listener: trio.SocketListener,
+        scope: trio.CancelScope,
+        task_status: trio.TaskStatus[None],
     ) -> None:
         try:
             with scope:
@@ -290,7 +293,9 @@ class SimEngine:
                 if stall is not None:
                     self.prefill_stall(float(stall), float(slowdown or math.inf))
             except (orjson.JSONDecodeError, FaultError, TypeError, ValueError) as exc:
-                msg = orjson.dumps({"error": {"message": str(exc), "type": "BadRequestError", "code": 400}})
+                msg = orjson.dumps(
+                    {"error": {"message": str(exc), "type": "BadRequestError", "code": 400}}
+                )
                 return await ex.respond(400, _JSON, msg)
         await ex.respond(200, _JSON, orjson.dumps(self.faults.snapshot()))
 
@@ -308,9 +313,23 @@ class SimEngine:
             stats.faults["reject"] += 1
             stats.changed()
             status = faults.reject_status
-            extra = [] if faults.retry_after is None else [(b"retry-after", b"%g" % faults.retry_after)]
-            message = "The engine is overloaded; retry later." if status == 503 else f"Injected status {status}."
-            err = orjson.dumps({"error": {"message": message, "type": "ServiceUnavailableError" if status == 503 else "InjectedError", "code": status}})
+            extra = (
+                [] if faults.retry_after is None else [(b"retry-after", b"%g" % faults.retry_after)]
+            )
+            message = (
+                "The engine is overloaded; retry later."
+                if status == 503
+                else f"Injected status {status}."
+            )
+            err = orjson.dumps(
+                {
+                    "error": {
+                        "message": message,
+                        "type": "ServiceUnavailableError" if status == 503 else "InjectedError",
+                        "code": status,
+                    }
+                }
+            )
             return await ex.respond(status, _JSON, err, extra)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.port}-{next(self._ids)}"
         created = int(time.time())
@@ -330,7 +349,9 @@ class SimEngine:
         else:
             await self._timed_generation(ex, gen, rid, created)
 
-    async def _timed_generation(self, ex: Exchange, gen: Generation, rid: str, created: int) -> None:
+    async def _timed_generation(
+        self, ex: Exchange, gen: Generation, rid: str, created: int
+    ) -> None:
         stats = self.stats
         try:
             self._limiter.acquire_nowait()

@@ -54,11 +54,22 @@ class Exchange:
     """
 
     __slots__ = (
-        "conn", "stream", "engine", "path", "generation", "close",
-        "stall_headers", "stall_body", "trickle", "status", "_first_chunk",
+        "conn",
+        "stream",
+        "engine",
+        "path",
+        "generation",
+        "close",
+        "stall_headers",
+        "stall_body",
+        "trickle",
+        "status",
+        "_first_chunk",
     )
 
-    def __init__(self, engine: SimEngine, conn: h11.Connection, stream: trio.SocketStream, path: str) -> None:
+    def __init__(
+        self, engine: SimEngine, conn: h11.Connection, stream: trio.SocketStream, path: str
+    ) -> None:
         self.engine = engine
         self.conn = conn
         self.stream = stream
@@ -144,7 +155,9 @@ class Exchange:
 
     async def start_stream(self, status: int, content_type: bytes) -> None:
         """Send the headers of a chunked answer (Transfer-Encoding: chunked)."""
-        head = self._head(status, [(b"content-type", content_type), (b"cache-control", b"no-cache")])
+        head = self._head(
+            status, [(b"content-type", content_type), (b"cache-control", b"no-cache")]
+        )
         await self._write(head)
         if self.stall_headers:
             await self._stall()
@@ -220,7 +233,9 @@ async def _read_request(
             return None
 
 
-async def _watched(stream: trio.SocketStream, conn: h11.Connection, handler: Awaitable[None]) -> None:
+async def _watched(
+    stream: trio.SocketStream, conn: h11.Connection, handler: Awaitable[None]
+) -> None:
     """Run ``handler`` while reading the socket; raise ``_Aborted`` on EOF/reset."""
     aborted = False
 
