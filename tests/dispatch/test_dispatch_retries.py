@@ -50,7 +50,7 @@ async def test_connect_errors_retried_with_growing_jittered_backoff(
         async with client_for(
             dead, connect_retries=4, backoff_initial=0.1, backoff_max=5.0
         ) as client:
-            client._dispatcher.rand = lambda: draws.append(fixed) or fixed  # type: ignore[func-returns-value]
+            client._dispatcher.rand = lambda f=fixed: draws.append(f) or f  # type: ignore[func-returns-value]
             start = trio.current_time()
             with pytest.raises(EngineConnectError) as info:
                 await client.post(COMPLETION, json=body())

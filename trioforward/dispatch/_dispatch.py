@@ -187,8 +187,8 @@ class Dispatcher:
                     engine = await self._acquire(req, avoid, queue_deadline + req.engine_time)
                 finally:
                     self.queued -= 1
-                start = trio.current_time()
-                req.queue_time += start - t0
+                    start = trio.current_time()
+                    req.queue_time += start - t0
                 deadline = start + budget
                 self.in_flight += 1
                 engine.in_flight += 1

@@ -1,0 +1,128 @@
+"""LoRA adapters loaded on demand, single-flight per (engine, adapter) (DESIGN §4)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from dispatch_testing import COMPLETION, body, client_for, completions
+
+from trioforward.dispatch import ForwardResponse
+from trioforward.errors import AdapterLoadError
+from trioforward.sim import open_engine
+
+ADAPTERS = {"lora-a": "/adapters/lora-a"}
+
+
+@pytest.mark.parametrize("unknown_status", [404, 400])
+async def test_adapter_race_one_load_per_engine(fd_baseline: int, unknown_status: int) -> None:
+    async with (
+        open_engine(adapter_load_seconds=0.05, unknown_model_status=unknown_status) as e1,
+        open_engine(adapter_load_seconds=0.05, unknown_model_status=unknown_status) as e2,
+        client_for(e1, e2, routing="round-robin", adapters=ADAPTERS) as client,
+    ):
+        results: list[ForwardResponse] = []
+
+        async def one() -> None:
+            results.append(await client.post(COMPLETION, json=body(model="lora-a")))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(32):
+                nursery.start_soon(one)
+        assert [r.status for r in results] == [200] * 32
+        assert max(r.attempts for r in results) <= 2
+        for e in (e1, e2):
+            assert e.stats.adapter_loads["lora-a"] == 1
+            assert e.stats.by_path["/v1/load_lora_adapter"] == 1
+            assert completions(e) <= 32  # 16 requests, at most 2 attempts each
+        assert client.statistics().adapter_loads == {(e1.url, "lora-a"): 1, (e2.url, "lora-a"): 1}
+        # Later requests skip the race: one attempt, no new load.
+        r = await client.post(COMPLETION, json=body(model="lora-a"))
+        assert r.attempts == 1
+        assert (
+            e1.stats.by_path["/v1/load_lora_adapter"] + e2.stats.by_path["/v1/load_lora_adapter"]
+            == 2
+        )
+
+
+async def test_already_loaded_answer_counts_as_success(fd_baseline: int) -> None:
+    # The engine has the adapter but our registry has not seen it yet: a stale 404
+    # (lazy-resolver race) leads to a load that answers "already been loaded".
+    async with (
+        open_engine(lora_modules=ADAPTERS) as engine,
+        client_for(engine, adapters=ADAPTERS) as client,
+    ):
+        client._dispatcher.loader.registry.register("lora-a", "/adapters/lora-a")
+        engine.faults.reject = 1
+        engine.faults.reject_status = 404
+        r = await client.post(COMPLETION, json=body(model="lora-a"))
+        assert r.status == 200 and r.attempts == 2
+        assert engine.stats.by_path["/v1/load_lora_adapter"] == 1
+        assert engine.stats.responses[400] == 1  # "has already been loaded"
+
+
+async def test_lazy_resolver_race_retried_with_backoff(fd_baseline: int) -> None:
+    # The filesystem-resolver race: the engine also loads the adapter by itself
+    # shortly after the first reference. Whichever load wins, the engine loads it
+    # once (the other answers "already been loaded") and the request succeeds.
+    async with (
+        open_engine(adapters=ADAPTERS, lazy_adapters=0.05) as engine,
+        client_for(engine, adapters=ADAPTERS) as client,
+    ):
+        r = await client.post(COMPLETION, json=body(model="lora-a"))
+        assert r.status == 200 and 2 <= r.attempts <= 6
+        assert engine.stats.adapter_loads["lora-a"] == 1
+
+
+async def test_load_endpoint_404_fails_fast_naming_adapter(fd_baseline: int) -> None:
+    async with (
+        open_engine(runtime_lora=False) as engine,
+        client_for(engine, adapters=ADAPTERS) as client,
+    ):
+        with pytest.raises(AdapterLoadError) as info:
+            await client.post(COMPLETION, json=body(model="lora-a"))
+        err = info.value
+        assert err.adapter == "lora-a" and "lora-a" in str(err)
+        assert err.attempts == 1 and err.status == 502
+        assert completions(engine) == 1
+        assert engine.stats.by_path["/v1/load_lora_adapter"] == 1
+
+
+async def test_load_of_missing_path_reports_engine_refusal(fd_baseline: int) -> None:
+    adapters = {"lora-x": "/adapters/missing-x"}
+    async with open_engine() as engine, client_for(engine, adapters=adapters) as client:
+        with pytest.raises(AdapterLoadError) as info:
+            await client.post(COMPLETION, json=body(model="lora-x"))
+        assert "lora-x" in str(info.value) and "missing-x" in str(info.value)
+        assert completions(engine) == 1
+
+
+async def test_base_model_404_not_retried_even_with_adapters(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine, adapters=ADAPTERS) as client:
+        r = await client.post(COMPLETION, json=body(model="lora-typo"))
+        assert r.status == 404 and r.attempts == 1
+        assert engine.stats.by_path["/v1/load_lora_adapter"] == 0
+
+
+async def test_restarted_engine_forgets_loaded_adapters(fd_baseline: int) -> None:
+    async with (
+        open_engine() as engine,
+        client_for(engine, adapters=ADAPTERS, health_failures=1) as client,
+    ):
+        assert (await client.post(COMPLETION, json=body(model="lora-a"))).attempts == 2
+        registry = client._registry
+        e = registry.engines[0]
+        assert "lora-a" in e.adapters_loaded
+        registry.record_failure(e)  # ejected (as after failed probes)...
+        assert not e.healthy and e.adapters_loaded == set()
+        registry.record_success(e, probe=True)  # ...and back
+        assert e.healthy
+
+
+async def test_adapter_registry_api(fd_baseline: int) -> None:
+    async with client_for() as client:
+        client.adapters.register("x", "/p/x")
+        assert client.adapters.list() == {"x": "/p/x"} and client.adapters.is_adapter("x")
+        client.adapters.unregister("x")
+        assert not client.adapters.is_adapter("x")
+        with pytest.raises(ValueError):
+            client.adapters.register("", "/p")

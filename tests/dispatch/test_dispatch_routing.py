@@ -1,0 +1,100 @@
+"""Routing against live engines: least-outstanding spreads, session is sticky (DESIGN §4)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import trio
+from dispatch_testing import COMPLETION, body, client_for, completions
+
+from trioforward.sim import open_engine
+
+
+async def test_least_outstanding_spreads_concurrent_load(fd_baseline: int) -> None:
+    async with (
+        open_engine(decode_ms_per_token=20) as e1,
+        open_engine(decode_ms_per_token=20) as e2,
+        open_engine(decode_ms_per_token=20) as e3,
+        client_for(e1, e2, e3) as client,
+    ):
+        async with trio.open_nursery() as nursery:
+            for _ in range(30):
+                nursery.start_soon(lambda: client.post(COMPLETION, json=body(max_tokens=5)))
+        assert [completions(e) for e in (e1, e2, e3)] == [10, 10, 10]
+        assert all(e.stats.peak_running == 10 for e in (e1, e2, e3))
+
+
+async def test_least_outstanding_avoids_busy_engine(fd_baseline: int) -> None:
+    async with (
+        open_engine(decode_ms_per_token=1000) as slow,
+        open_engine() as fast,
+        client_for(slow, fast) as client,
+    ):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: client.post(COMPLETION, json=body(max_tokens=3)))
+            await slow.stats.wait_for(lambda s: s.running == 1)
+            # While the slow engine holds one request, every sequential request goes to the idle one.
+            for _ in range(5):
+                assert (await client.post(COMPLETION, json=body())).engine == fast.url
+            nursery.cancel_scope.cancel()
+
+
+async def test_session_routing_sticky_and_falls_back_when_paused(fd_baseline: int) -> None:
+    async with (
+        open_engine() as e1,
+        open_engine() as e2,
+        open_engine() as e3,
+        client_for(e1, e2, e3, routing="session") as client,
+    ):
+        owners = Counter()
+        for _ in range(10):
+            owners[(await client.post(COMPLETION, json=body(), session="trainer-7")).engine] += 1
+        assert len(owners) == 1
+        owner = next(iter(owners))
+        # Header form of the key routes the same way.
+        r = await client.post(COMPLETION, json=body(), headers={"X-Session-ID": "trainer-7"})
+        assert r.engine == owner
+        await client.pause([owner])
+        fallback = (await client.post(COMPLETION, json=body(), session="trainer-7")).engine
+        assert fallback != owner
+        assert (await client.post(COMPLETION, json=body(), session="trainer-7")).engine == fallback
+        await client.resume([owner])
+        assert (await client.post(COMPLETION, json=body(), session="trainer-7")).engine == owner
+        # Many sessions spread over every engine.
+        spread = {
+            (await client.post(COMPLETION, json=body(), session=f"s{i}")).engine for i in range(40)
+        }
+        assert spread == {e1.url, e2.url, e3.url}
+
+
+async def test_session_falls_back_when_engine_down(fd_baseline: int) -> None:
+    async with open_engine() as e1, open_engine() as e2:
+        async with client_for(e1, e2, routing="session", health_failures=1) as client:
+            owner_url = (await client.post(COMPLETION, json=body(), session="abc")).engine
+            owner, other = (e1, e2) if owner_url == e1.url else (e2, e1)
+            await owner.stop_listening()
+            client._pool.close_idle()
+            r = await client.post(COMPLETION, json=body(), session="abc")
+            assert r.engine == other.url and r.retries == (("connect", "connect_error"),)
+            assert (await client.post(COMPLETION, json=body(), session="abc")).attempts == 1
+
+
+async def test_round_robin(fd_baseline: int) -> None:
+    async with (
+        open_engine() as e1,
+        open_engine() as e2,
+        client_for(e1, e2, routing="round-robin") as client,
+    ):
+        seen = [(await client.post(COMPLETION, json=body())).engine for _ in range(4)]
+        assert seen == [e1.url, e2.url, e1.url, e2.url]
+
+
+async def test_engines_added_and_removed_at_run_time(fd_baseline: int) -> None:
+    async with open_engine() as e1, open_engine() as e2, client_for(e1) as client:
+        client.engines.add(e2.url)
+        assert [i.url for i in client.engines.list()] == [e1.url, e2.url]
+        assert client.engines.remove(e1.url)
+        assert not client.engines.remove(e1.url)
+        for _ in range(3):
+            assert (await client.post(COMPLETION, json=body())).engine == e2.url
+        assert completions(e1) == 0
