@@ -47,7 +47,7 @@ async def test_completion_matches_the_prediction(engine: SimEngine) -> None:
     async with httpx.AsyncClient(base_url=engine.url) as client:
         reply = (await client.post("/v1/completions", json=body)).json()
     assert reply["object"] == "text_completion" and reply["model"] == "sim-base"
-    assert reply["usage"] == {"prompt_tokens": 10, "completion_tokens": 12, "total_tokens": 22}
+    assert reply["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17}
     for index, choice in enumerate(reply["choices"]):
         tokens, logprobs, finish = expected_completion("sim-base", prompt, 42, index, 6)
         assert choice["index"] == index and choice["finish_reason"] == finish == "length"

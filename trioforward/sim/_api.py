@@ -209,7 +209,7 @@ def _chat_logprobs(tokens: Sequence[int], logprobs: Sequence[float], k: int) -> 
 
 
 def _usage(gen: Generation, samples: list[Sample]) -> dict[str, int]:
-    prompt = sum(len(p) for p in gen.prompts) * (gen.n if not gen.chat else 1)
+    prompt = sum(len(p) for p in gen.prompts)  # once per prompt, not per choice (as vLLM)
     completion = sum(len(s.tokens) for s in samples)
     return {
         "prompt_tokens": prompt,

@@ -255,6 +255,8 @@ class SimEngine:
 
     async def _handle(self, ex: Exchange, request: h11.Request, body: bytes) -> None:
         path, method = ex.path, request.method
+        if ex.reject:
+            return await self._reject(ex)
         if path in self.generation_paths:
             if method != b"POST":
                 return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')
@@ -272,6 +274,17 @@ class SimEngine:
         if path == "/sim/faults":
             return await self._set_faults(ex, method, body)
         return await ex.respond(404, _JSON, NOT_FOUND_DETAIL)
+
+    async def _reject(self, ex: Exchange) -> None:
+        # The ``reject`` fault: an overloaded engine answers before any work.
+        faults = self.faults
+        status = faults.reject_status
+        extra = [] if faults.retry_after is None else [(b"retry-after", b"%g" % faults.retry_after)]
+        overloaded = status == 503
+        message = "The engine is overloaded; retry later." if overloaded else f"Injected {status}."
+        kind = "ServiceUnavailableError" if overloaded else "InjectedError"
+        error = {"error": {"message": message, "type": kind, "code": status}}
+        await ex.respond(status, _JSON, orjson.dumps(error), extra)
 
     async def _set_faults(self, ex: Exchange, method: bytes, body: bytes) -> None:
         if method == b"POST":
@@ -300,7 +313,7 @@ class SimEngine:
         await ex.respond(200, _JSON, orjson.dumps(self.faults.snapshot()))
 
     async def _generation(self, ex: Exchange, chat: bool, body: bytes) -> None:
-        stats, faults = self.stats, self.faults
+        stats = self.stats
         try:
             gen = parse_generation(chat, body, self.adapters.base[0])
         except ApiError as exc:
@@ -308,29 +321,6 @@ class SimEngine:
         stats.by_model[gen.model] += 1
         if not self.adapters.serves(gen.model):
             return await ex.respond(*self.adapters.unknown(gen.model, self._nursery.start_soon))
-        if ex.path in faults.paths and faults.take("reject"):
-            stats.rejected += 1
-            stats.faults["reject"] += 1
-            stats.changed()
-            status = faults.reject_status
-            extra = (
-                [] if faults.retry_after is None else [(b"retry-after", b"%g" % faults.retry_after)]
-            )
-            message = (
-                "The engine is overloaded; retry later."
-                if status == 503
-                else f"Injected status {status}."
-            )
-            err = orjson.dumps(
-                {
-                    "error": {
-                        "message": message,
-                        "type": "ServiceUnavailableError" if status == 503 else "InjectedError",
-                        "code": status,
-                    }
-                }
-            )
-            return await ex.respond(status, _JSON, err, extra)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.port}-{next(self._ids)}"
         created = int(time.time())
         if self.instant:

@@ -59,6 +59,7 @@ class Exchange:
         "engine",
         "path",
         "generation",
+        "reject",
         "close",
         "stall_headers",
         "stall_body",
@@ -75,6 +76,7 @@ class Exchange:
         self.stream = stream
         self.path = path
         self.generation = False
+        self.reject = False
         self.close = False
         self.stall_headers = self.stall_body = self.trickle = False
         self.status = 0
@@ -302,6 +304,9 @@ async def serve_connection(
                     if path in faults.paths:
                         if _take(engine, "drop"):
                             return
+                        if _take(engine, "reject"):
+                            ex.reject = True
+                            stats.rejected += 1
                         ex.stall_headers = _take(engine, "stall_headers")
                         ex.stall_body = _take(engine, "stall_body")
                         ex.trickle = _take(engine, "trickle")
