@@ -1,0 +1,160 @@
+"""The embedded client's API: complete(), stream(), headers, statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+import trio
+from dispatch_testing import COMPLETION, body, client_for, completions
+
+from trioforward import SettingsError
+from trioforward.errors import DispatchTimeout, EngineRejected
+from trioforward.http import Phase
+from trioforward.sim import expected_completion, expected_prompt_logprobs, open_engine
+
+
+async def test_complete_decodes_tokens_and_logprobs(fd_baseline: int) -> None:
+    prompt = [5, 6, 7, 8]
+    async with open_engine() as engine, client_for(engine) as client:
+        c = await client.complete(
+            model="sim-base", prompt=prompt, max_tokens=6, n=2, seed=3, prompt_logprobs=0
+        )
+        assert c.engine == engine.url and c.attempts == 1 and c.model == "sim-base"
+        assert len(c.choices) == 2
+        for choice in c.choices:
+            tokens, logprobs, finish = expected_completion("sim-base", prompt, 3, choice.index, 6)
+            assert choice.tokens.dtype == np.int32 and choice.tokens.tolist() == tokens
+            assert choice.logprobs is not None and choice.logprobs.dtype == np.float32
+            np.testing.assert_allclose(choice.logprobs, np.array(logprobs, dtype=np.float32))
+            assert choice.finish_reason == finish
+        assert c.prompt_logprobs is not None and c.prompt_logprobs.dtype == np.float32
+        assert c.prompt_logprobs.shape == (4,) and np.isnan(c.prompt_logprobs[0])
+        want = [
+            e[str(t)]["logprob"]
+            for e, t in zip(
+                expected_prompt_logprobs("sim-base", prompt)[1:], prompt[1:], strict=True
+            )
+        ]
+        np.testing.assert_allclose(c.prompt_logprobs[1:], np.array(want, dtype=np.float32))
+        assert c.usage["completion_tokens"] == 12
+
+
+async def test_complete_without_logprobs_and_numpy_prompt(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        c = await client.complete(
+            model="sim-base", prompt=np.array([1, 2], dtype=np.int32), max_tokens=3, logprobs=False
+        )
+        assert c.choices[0].logprobs is None and c.prompt_logprobs is None
+        assert (
+            c.choices[0].tokens.tolist() == expected_completion("sim-base", [1, 2], None, 0, 3)[0]
+        )
+
+
+async def test_complete_raises_engine_rejected(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        with pytest.raises(EngineRejected) as info:
+            await client.complete(model="nope", prompt=[1], max_tokens=2)
+        err = info.value
+        assert err.status == 404 and b"does not exist" in err.body and err.attempts == 1
+        assert err.engine == engine.url
+
+
+async def test_post_with_raw_content_and_headers(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        raw = orjson.dumps(body())
+        r = await client.post(
+            COMPLETION,
+            content=raw,
+            headers=[
+                ("Content-Type", "application/json"),
+                ("Connection", "close"),
+                ("Host", "evil"),
+                ("X-Trace", "1"),
+            ],
+        )
+        assert r.status == 200 and r.json()["model"] == "sim-base"
+        names = {name for name, _ in r.headers}
+        assert b"content-type" in names
+        assert not names & {b"content-length", b"connection", b"keep-alive", b"transfer-encoding"}
+        # "Connection: close" from the caller was not forwarded: the connection stays reusable.
+        assert (await client.post(COMPLETION, json=body())).status == 200
+        assert client.statistics().pool.opened_total == 1
+
+
+async def test_get_request(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        r = await client.request("GET", "/v1/models")
+        assert r.status == 200 and r.json()["object"] == "list"
+        with pytest.raises(ValueError):
+            await client.request("GET", "v1/models")
+
+
+async def test_stream_relays_sse(fd_baseline: int) -> None:
+    async with open_engine(decode_ms_per_token=1) as engine, client_for(engine) as client:
+        async with client.stream(COMPLETION, json=body(max_tokens=5, stream=True)) as fs:
+            assert fs.status == 200 and fs.engine == engine.url and fs.attempts == 1
+            data = b"".join([chunk async for chunk in fs.aiter_bytes()])
+        events = [line for line in data.split(b"\n\n") if line]
+        assert events[-1] == b"data: [DONE]" and len(events) == 6
+        assert engine.stats.completed == 1
+
+
+async def test_stream_retries_before_headers(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        engine.faults.reject = 1
+        async with client.stream(COMPLETION, json=body(stream=True)) as fs:
+            assert fs.status == 200 and fs.attempts == 2
+            assert fs.retries == (("await_headers", "rejection_503"),)
+            assert (await fs.aread()).endswith(b"data: [DONE]\n\n")
+
+
+async def test_stream_error_status_body_is_relayed(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        async with client.stream(COMPLETION, json=body(model="nope", stream=True)) as fs:
+            assert fs.status == 404
+            assert b"does not exist" in await fs.aread()
+        assert completions(engine) == 1
+
+
+async def test_stream_broken_mid_body_raises_read_body(fd_baseline: int) -> None:
+    async with (
+        open_engine(decode_ms_per_token=1) as engine,
+        client_for(engine, read_timeout=0.2) as client,
+    ):
+        engine.faults.stall_body = 1
+        with pytest.raises(DispatchTimeout) as info:
+            async with client.stream(COMPLETION, json=body(max_tokens=5, stream=True)) as fs:
+                async for _ in fs.aiter_bytes():
+                    pass
+        assert info.value.phase is Phase.READ_BODY and "read_timeout" in str(info.value)
+        with trio.fail_after(10):
+            await engine.stats.wait_for(lambda s: s.aborted == 1)
+        assert completions(engine) == 1
+
+
+async def test_leaving_stream_early_closes_upstream(fd_baseline: int) -> None:
+    async with open_engine(decode_ms_per_token=50) as engine, client_for(engine) as client:
+        async with client.stream(COMPLETION, json=body(max_tokens=40, stream=True)) as fs:
+            async for _ in fs.aiter_bytes():
+                break
+        with trio.fail_after(10):
+            await engine.stats.wait_for(lambda s: s.aborted == 1)
+
+
+async def test_statistics(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        engine.faults.reject = 1
+        await client.post(COMPLETION, json=body())
+        await client.post(COMPLETION, json=body(model="nope"))
+        s = client.statistics()
+        assert s.requests_total == 2 and s.in_flight == 0 and s.queued == 0
+        assert s.retries == {("await_headers", "rejection_503"): 1}
+        assert s.responses == {(engine.url, 503): 1, (engine.url, 200): 1, (engine.url, 404): 1}
+        assert s.pool.active == 0
+
+
+async def test_settings_overrides_validated() -> None:
+    with pytest.raises(SettingsError, match="routing"):
+        async with client_for(routing="random"):
+            pass
