@@ -53,23 +53,14 @@ class Fleet:
         return f"tinker://{ADAPTER_RUN}/sampler_weights/{ADAPTER_NAME}"
 
     async def stop(self, index: int) -> None:
-        """Stop engine ``index`` the way a terminated engine server does.
-
-        Its listener closes (new connections are refused, so the gateway's
-        connect retries move requests to the other engines), requests already
-        running finish, and every connection closes after its response instead of
-        going back to keep-alive.
-        """
-        engine = self.engines[index]
-        engine.faults.connection_close = True
-        await engine.stop_listening()
+        """Kill engine ``index``: its listener and every connection close, and new
+        connections are refused until :meth:`start` (the demo drains it first)."""
+        await self.engines[index].stop_listening()
         self.stopped.add(index)
 
     async def start(self, index: int) -> None:
         """Bring a stopped engine back on the same port."""
-        engine = self.engines[index]
-        await engine.start_listening()
-        engine.faults.connection_close = False
+        await self.engines[index].start_listening()
         self.stopped.discard(index)
 
     def adapter_loads(self) -> int:

@@ -138,25 +138,8 @@ async def _scenario(
     out["pause"] = await _pause_resume(http, gateway.url, tally, hold=min(2.0, 0.08 * d))
     progress.step = "steady traffic"
     if fleet.simulated and len(fleet.engines) > 1:
-        victim = len(fleet.engines) - 1
         await until(0.35)
-        progress.step = f"engine {victim} stopped"
-        before = fleet.requests_completed()[victim]
-        stopped_at = tally.now()
-        await fleet.stop(victim)
-        await until(0.55)
-        during = fleet.requests_completed()[victim] - before
-        await fleet.start(victim)
-        restarted_at = tally.now()
-        after_start = fleet.requests_completed()[victim]
-        progress.step = f"engine {victim} restarted"
-        out["engine_restart"] = {
-            "engine": fleet.urls[victim],
-            "stopped_at": round(stopped_at - t0, 1),
-            "restarted_at": round(restarted_at - t0, 1),
-            "completed_while_stopped": during,  # requests already running when it stopped
-            "_completed_at_restart": after_start,
-        }
+        out["engine_restart"] = await _kill_restart(fleet, http, gateway.url, tally, progress, until, t0)
     await until(0.65)
     progress.step = f"burst of {opts.burst} concurrent requests"
     burst_start = tally.now()
@@ -168,6 +151,42 @@ async def _scenario(
         restart = out["engine_restart"]
         victim = fleet.urls.index(restart["engine"])
         restart["completed_after_restart"] = fleet.requests_completed()[victim] - restart.pop("_completed_at_restart")
+
+
+async def _kill_restart(
+    fleet: Fleet, http: httpx.AsyncClient, url: str, tally: Tally, progress: Step, until: Any, t0: float
+) -> dict[str, Any]:
+    """Drain one engine, kill it, bring it back into rotation while it is still down,
+    then restart it.
+
+    The drain (``POST /admin/pause`` for that engine, ``mode=wait``) lets the
+    requests running on it finish: a request an engine dies in the middle of is
+    never retried (the engine may have run it), so killing it undrained would
+    fail those requests by design. Resuming it while it is down is the
+    interesting part: requests the gateway routes there are refused at connect
+    and retried on the other engines, until health probes eject it.
+    """
+    victim = len(fleet.engines) - 1
+    engine = fleet.urls[victim]
+    progress.step = f"engine {victim}: draining"
+    start = tally.now()
+    response = await http.post(url + "/admin/pause", json={"engines": [engine], "mode": "wait"})
+    tally.record("admin", start, response.status_code == 200, f"drain: HTTP {response.status_code} {response.text[:200]}")
+    progress.step = f"engine {victim}: killed"
+    stopped_at = tally.now()
+    await fleet.stop(victim)
+    start = tally.now()
+    response = await http.post(url + "/admin/resume", json={"engines": [engine]})
+    tally.record("admin", start, response.status_code == 200, f"resume: HTTP {response.status_code} {response.text[:200]}")
+    await until(0.55)
+    await fleet.start(victim)
+    progress.step = f"engine {victim}: restarted"
+    return {
+        "engine": engine,
+        "stopped_at": round(stopped_at - t0, 1),
+        "restarted_at": round(tally.now() - t0, 1),
+        "_completed_at_restart": fleet.requests_completed()[victim],
+    }
 
 
 async def _pause_resume(http: httpx.AsyncClient, url: str, tally: Tally, hold: float) -> dict[str, Any]:
@@ -182,11 +201,15 @@ async def _pause_resume(http: httpx.AsyncClient, url: str, tally: Tally, hold: f
     tally.record("admin", resumed_at, response.status_code == 200, f"resume: HTTP {response.status_code} {response.text[:200]}")
     # Wait for the requests sent during the pause to come back before judging.
     await trio.sleep(min(2.0, hold))
-    sent = [s for s in tally.spans_overlapping(paused_at, resumed_at) if s[0] != "admin"]
-    early = [s for s in sent if s[2] < resumed_at and s[3]]
+    spans = [s for s in tally.spans_overlapping(start, resumed_at) if s[0] != "admin"]
+    # Sent after the pause was asked for and still outstanding at resume: they waited.
+    waited = [s for s in spans if s[2] >= resumed_at]
+    # Sent after the pause took effect, yet done before resume: dispatch was not held.
+    early = [s for s in spans if s[1] >= paused_at and s[2] < resumed_at and s[3]]
     return {
         "held_seconds": round(resumed_at - paused_at, 2),
-        "sent_while_paused": len(sent),
+        "waited": len(waited),
+        "longest_wait_seconds": round(max((s[2] - s[1] for s in waited), default=0.0), 2),
         "completed_before_resume": len(early),  # must be 0: nothing is dispatched while paused
         "held": not early,
     }

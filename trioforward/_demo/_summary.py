@@ -68,16 +68,17 @@ def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> No
         verdict = "[green]held[/green]" if pause["held"] else "[red]NOT held[/red]"
         scenario.add_row(
             "weight update (POST /admin/pause, /admin/resume)",
-            f"paused {pause['held_seconds']} s; {pause['sent_while_paused']} requests sent meanwhile waited "
-            f"and completed after resume; dispatch {verdict}",
+            f"paused {pause['held_seconds']} s; {pause['waited']} requests waited in QUEUED (longest "
+            f"{pause['longest_wait_seconds']} s) and completed after resume; dispatch {verdict}",
         )
     restart = report["scenario"].get("engine_restart")
     if restart:
+        connect = sum(n for key, n in report["retries"].items() if key.startswith("connect/"))
         scenario.add_row(
-            "engine stopped and restarted",
-            f"{restart['engine']} stopped at t={restart['stopped_at']} s, back at t={restart['restarted_at']} s; "
-            f"it finished {restart['completed_while_stopped']} running requests, then served "
-            f"{restart.get('completed_after_restart', '?')} after restart",
+            "engine drained, killed, restarted",
+            f"{restart['engine']} killed at t={restart['stopped_at']} s, back at t={restart['restarted_at']} s; "
+            f"{connect} requests refused at connect were retried elsewhere; it served "
+            f"{restart.get('completed_after_restart', '?')} requests after restart",
         )
     elif report["mode"] == "external":
         scenario.add_row("engine stopped and restarted", "skipped (real engines are never stopped by the demo)")
