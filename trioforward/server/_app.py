@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
         settings = Settings.load(config_file=os.environ.get(CONFIG_ENV) or None)
     logging.getLogger("trioforward").setLevel(settings.log_level.upper())
 
-    app = QuartTrio("trioforward")
+    app = QuartTrio("trioforward.server")
     # DESIGN §5: a burst gateway must not cut long generations or big batches.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_size
     app.config["BODY_TIMEOUT"] = None
@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     if tinker is not None and hasattr(tinker, "install"):
         tinker.install(app)
 
-    app.asgi_app = OpenAIForwarder(app, app.asgi_app)  # type: ignore[method-assign]
+    app.asgi_app = OpenAIForwarder(app, app.asgi_app)  # type: ignore[method-assign,assignment]
     return app
 
 
@@ -102,7 +102,12 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
 
     @app.before_serving
     async def _startup() -> None:
-        await app.nursery.start(run_gateway)
+        try:
+            await app.nursery.start(run_gateway)
+        except BaseException:
+            # Quart-Trio passes only str(error) on to the server: log the cause here.
+            log.exception("gateway startup failed")
+            raise
         log.info("gateway serving %d engine(s)", len(settings.engines))
 
     @app.after_serving

@@ -116,5 +116,17 @@ def serve(engine: tuple[str, ...], config_file: str | None, **flags: Any) -> Non
             binds = await nursery.start(serve_app, app, settings)
             log.info("listening on %s (open files limit %d)", " ".join(binds), nofile)
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except BaseException as exc:  # noqa: BLE001 - report, then exit 1
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        log.error("gateway failed: %s (see the log above for the cause)", _root(exc))
+        raise SystemExit(1) from None
     log.info("stopped")
+
+
+def _root(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
