@@ -64,7 +64,7 @@ class SimEngine:
         adapters: Mapping[str, str] | None = None,
         lora_modules: Mapping[str, str] | None = None,
         lazy_adapters: float | None = None,
-        keep_alive: float = 5.0,
+        keep_alive: float | None = 5.0,
         runtime_lora: bool = True,
         unknown_model_status: int = 404,
         missing_paths: Collection[str] = (),
@@ -81,9 +81,11 @@ class SimEngine:
         self.capacity = capacity
         self.prefill_ms_per_token = prefill_ms_per_token
         self.decode_ms_per_token = decode_ms_per_token
-        self.keep_alive = keep_alive
+        self.keep_alive = math.inf if keep_alive is None else keep_alive
         self.backlog = backlog
         self.stats = EngineStats()
+        self._accepting: trio.CancelScope | None = None
+        self._faults_event = trio.Event()
         self.faults = Faults()
         self.faults.on_change(self._faults_changed)
         self.adapters = Adapters(
@@ -104,8 +106,6 @@ class SimEngine:
         self._stall_changed = trio.Event()
         self._serving: trio.CancelScope | None = None
         self._stopped = trio.Event()
-        self._accepting: trio.CancelScope | None = None
-        self._faults_event = trio.Event()
 
     # -- lifecycle -----------------------------------------------------------
 

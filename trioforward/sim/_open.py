@@ -24,7 +24,7 @@ async def open_engine(
     adapters: Mapping[str, str] | None = None,
     lora_modules: Mapping[str, str] | None = None,
     lazy_adapters: float | None = None,
-    keep_alive: float = 5.0,
+    keep_alive: float | None = 5.0,
     runtime_lora: bool = True,
     unknown_model_status: int = 404,
     missing_paths: Collection[str] = (),
@@ -40,7 +40,7 @@ async def open_engine(
       loaded at start (name → path).
     - ``lazy_adapters``: seconds after its first request an unloaded, findable
       adapter loads by itself (None = no lazy loading).
-    - ``keep_alive``: idle keep-alive timeout (s). ``runtime_lora``: False = the
+    - ``keep_alive``: idle keep-alive timeout (s; None = never). ``runtime_lora``: False = the
       load/unload endpoints answer 404 ``{"detail": "Not Found"}``.
     - ``unknown_model_status``: 404 (default) or 400 for an unknown model/adapter.
     - ``missing_paths``: adapter paths that do not exist (so does any path containing "missing").

@@ -19,7 +19,8 @@ class EngineStats:
 
     - ``requests``: requests received (fully read), every path;
       ``by_path``: ``Counter[path]``; ``by_model``: ``Counter[model]``
-      (generation requests naming a model, known or not).
+      (generation requests naming a model, known or not; not counted for
+      requests the ``drop`` or ``reject`` fault answered, which are never parsed).
     - ``completed``: generation requests answered 200 in full;
       ``aborted``: generation requests whose client went away before the
       answer was fully written (EOF/reset seen while queued, generating or writing).
