@@ -10,11 +10,12 @@ from typing import Any
 
 __all__ = ["Fleet", "open_fleet", "SIM_CAPACITY", "BASE_MODEL", "ADAPTER_RUN", "ADAPTER_NAME"]
 
-# A small, visibly busy fleet: 32 sequences at once per engine and 2 ms per
-# generated token (16 tokens ≈ 35 ms of engine time), so a burst of thousands
-# queues at the gateway and queue time shows up next to engine time.
-SIM_CAPACITY = 32
-SIM_DECODE_MS = 2.0
+# A small, visibly busy fleet: 16 sequences at once per engine and 12 ms per
+# generated token (16 tokens ≈ 0.2 s of engine time), so three engines finish
+# ~240 requests/s: steady traffic fits, a burst of thousands queues at the
+# gateway, and queue time shows up next to engine time.
+SIM_CAPACITY = 16
+SIM_DECODE_MS = 12.0
 SIM_PREFILL_MS = 0.05
 # The simulated engine's lazy adapter resolver: an adapter named in a request
 # appears this long after its first reference (the vLLM filesystem-resolver race).

@@ -1,0 +1,47 @@
+"""`trioforward demo`, short: every client and every scenario step, zero failures.
+
+Runs the real command in a subprocess (its own trio run, SDK threads and open
+files limit), with a small burst so it fits the test suite's budget on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CLI = "from trioforward.cli import main; main()"
+
+
+def test_demo_short_run_has_no_failures(tmp_path: Path) -> None:
+    out = tmp_path / "demo.json"
+    done = subprocess.run(
+        [sys.executable, "-c", CLI, "demo", "--duration", "8", "--burst", "200", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,  # fail-safe only
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["failures"] == 0, report["failure_examples"]
+    assert report["ok"] and all(report["checks"].values())
+    requests = report["requests"]
+    for api in ("openai completions", "openai chat", "openai stream", "tinker base", "tinker lora", "trainer (httpx)"):
+        assert requests.get(api, 0) > 0, f"no {api} requests: {requests}"
+    assert requests["burst"] == 200
+    assert report["succeeded"] == sum(requests.values())
+    # The LoRA adapter was loaded on demand, by the gateway and/or the engines' lazy resolver.
+    assert report["adapter_loads"]["engines"] >= 1
+    scenario = report["scenario"]
+    assert scenario["pause"]["held"] and scenario["pause"]["completed_before_resume"] == 0
+    assert scenario["engine_restart"]["completed_after_restart"] > 0
+    assert report["metrics_url"].endswith("/metrics")
+    assert "0 failures" in done.stdout
+
+
+def test_demo_help_lists_its_flags() -> None:
+    done = subprocess.run([sys.executable, "-c", CLI, "demo", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for flag in ("--engines", "--duration", "--json", "--engine", "--burst", "--port"):
+        assert flag in done.stdout
