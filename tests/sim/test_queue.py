@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import h11
 import pytest
 import trio
-from simclient import Reply, request
+from simclient import Conn, Reply, request
 
 from trioforward.sim import SimEngine, open_engine
 
@@ -97,3 +98,39 @@ async def test_stall_via_faults_endpoint(fd_baseline: int) -> None:
         assert not engine.instant
         await request(engine, "POST", "/sim/faults", {"end_stall": True})
         assert engine.instant
+
+
+async def test_no_byte_before_a_non_streaming_answer_is_done(
+    fd_baseline: int, autojump_clock: trio.abc.Clock
+) -> None:
+    async with open_engine(keep_alive=None) as engine:
+        engine.prefill_stall(math.inf)
+        async with await Conn.open(engine) as conn:
+            await conn.send("POST", "/v1/completions", {"prompt": [1], "max_tokens": 3})
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            with trio.move_on_after(3600):  # virtual time: nothing may arrive while halted
+                await conn.stream.receive_some(1)
+                pytest.fail("a byte was written before the answer was done")
+            engine.end_stall()
+            assert (await conn.response()).status == 200
+
+
+async def test_stream_chunks_arrive_one_per_decode_step(
+    fd_baseline: int, autojump_clock: trio.abc.Clock
+) -> None:
+    async with open_engine(decode_ms_per_token=1000, keep_alive=None) as engine:
+        async with await Conn.open(engine) as conn:
+            start = trio.current_time()
+            body = {"prompt": [1], "max_tokens": 3, "stream": True}
+            await conn.send("POST", "/v1/completions", body)
+            assert (await conn.head()).status_code == 200
+            arrivals = []
+            while True:
+                event = await conn._event()
+                if isinstance(event, h11.EndOfMessage):
+                    break
+                arrivals.append(
+                    (round(trio.current_time() - start, 3), event.data.count(b"data: "))
+                )
+        # one token chunk per second; the last also carries [DONE]
+        assert arrivals == [(1.0, 1), (2.0, 1), (3.0, 2)]
