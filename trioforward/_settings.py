@@ -167,7 +167,7 @@ def knobs() -> list[Knob]:
     """Every knob with its default, type name, help text, unit and group."""
     out = []
     for f in dataclasses.fields(Settings):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
         out.append(Knob(f.name, default, str(f.type), f.metadata["help"], f.metadata["unit"], f.metadata["group"]))
     return out
 
