@@ -33,3 +33,10 @@ def test_relative_links_in_readme_and_docs_resolve() -> None:
     for page in pages:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_embedding_page_shows_the_tested_example_verbatim() -> None:
+    page = (ROOT / "docs" / "embedding.md").read_text()
+    example = (ROOT / "examples" / "embedded_trainer.py").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert example in blocks, "docs/embedding.md must contain examples/embedded_trainer.py verbatim"
