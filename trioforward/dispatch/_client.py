@@ -155,10 +155,10 @@ class Client:
         """As :meth:`post`, with any method (``GET /v1/models`` ...)."""
         req = self._request(method, path, json, content, headers, session)
         dispatcher = self._dispatcher
-        dispatcher.admit()
+        arrival = dispatcher.admit()
         try:
             with req.scope:
-                answer = await dispatcher.run(req)
+                answer = await dispatcher.run(req, arrival)
                 return ForwardResponse(
                     answer.status,
                     strip_response_headers(answer.headers),
@@ -190,10 +190,10 @@ class Client:
         """
         req = self._request(method, path, json, content, headers, session)
         dispatcher = self._dispatcher
-        dispatcher.admit()
+        arrival = dispatcher.admit()
         try:
             with req.scope:
-                answer = await dispatcher.run(req, stream=True)
+                answer = await dispatcher.run(req, arrival, stream=True)
                 try:
                     yield ForwardStream(req, answer)
                 finally:

@@ -97,22 +97,31 @@ class Dispatcher:
 
     # -- admission and QUEUED ---------------------------------------------------
 
-    def admit(self) -> None:
-        """Count a new request; raises :class:`QueueFull` beyond ``max_queued``."""
+    def admit(self) -> float:
+        """Count a new request; returns the arrival time. Raises :class:`QueueFull`
+        beyond ``max_queued`` outstanding requests."""
         if self.max_queued and self.outstanding >= self.max_queued:
             raise QueueFull(f"more than {self.max_queued} requests outstanding (max_queued)")
         self.outstanding += 1
         self.requests_total += 1
-        self.budget.deposit(trio.current_time())
+        now = trio.current_time()
+        self.budget.deposit(now)
+        return now
 
-    async def _acquire(self, req: Request, avoid: Engine | None, queue_deadline: float) -> Engine:
-        """Route ``req`` and wait for that engine's capacity. Returns the engine, token held.
+    async def _acquire(
+        self, req: Request, avoid: Engine | None, queue_deadline: float, now: float
+    ) -> tuple[Engine, float]:
+        """Route ``req`` and wait for that engine's capacity.
+
+        Returns the engine (token held) and the time it was acquired (``now`` if
+        there was no wait: the clock is read only when time can have passed).
 
         Raises :class:`NoEngineAvailable` (none registered, or none eligible when
         ``queue_deadline`` passes) or :class:`QueueTimeout`.
         """
         registry = self.registry
         woken = False
+        waited = False
         while True:
             engine = self.router.pick(registry.engines, session=req.session, avoid=avoid)
             if engine is None:
@@ -120,6 +129,7 @@ class Dispatcher:
                     raise NoEngineAvailable("no engine is registered")
                 if trio.current_time() >= queue_deadline:
                     raise NoEngineAvailable("no healthy, unpaused engine (queue_timeout passed)")
+                waited = True
                 with trio.CancelScope(deadline=queue_deadline):
                     await registry.wait_eligible()
                     woken = True
@@ -132,6 +142,7 @@ class Dispatcher:
             try:
                 limiter.acquire_on_behalf_of_nowait(req)
             except trio.WouldBlock:
+                waited = True
                 if trio.current_time() >= queue_deadline:
                     raise QueueTimeout(
                         "engine capacity not available before queue_timeout", engine=engine.url
@@ -154,41 +165,48 @@ class Dispatcher:
                         "engine capacity not available before queue_timeout", engine=engine.url
                     ) from None
             if engine.eligible:
-                return engine
+                return engine, (trio.current_time() if waited else now)
             # Became ineligible between the token hand-off and now.
             limiter.release_on_behalf_of(req)
             avoid = None
 
     # -- dispatch ---------------------------------------------------------------
 
-    def finish(self, req: Request, engine: Engine, start: float) -> None:
-        """Give the engine's capacity back (after the answer, or to move on)."""
+    def finish(self, req: Request, engine: Engine, start: float) -> float:
+        """Give the engine's capacity back (after the answer, or to move on). Returns now."""
         self.in_flight -= 1
         engine.calls.discard(req)
         engine.limiter.release_on_behalf_of(req)
         engine.call_finished()
-        req.engine_time += trio.current_time() - start
+        now = trio.current_time()
+        req.engine_time += now - start
+        return now
 
-    async def run(self, req: Request, *, stream: bool = False) -> Answer:
-        """Forward ``req`` under the retry rules. Returns the final :class:`Answer`.
+    async def run(self, req: Request, arrival: float, *, stream: bool = False) -> Answer:
+        """Forward ``req`` (admitted at ``arrival``) under the retry rules.
 
-        Raises a :class:`TrioforwardError` subclass with ``.phase``, ``.attempts``,
-        ``.engine``, ``.queue_time`` and ``.engine_time`` set.
+        Returns the final :class:`Answer`. Raises a :class:`TrioforwardError`
+        subclass with ``.phase``, ``.attempts``, ``.engine``, ``.queue_time`` and
+        ``.engine_time`` set.
         """
         budget = self.dispatch_timeout
         avoid: Engine | None = None
-        arrival = trio.current_time()
         queue_deadline = _inf if self.queue_timeout is None else arrival + self.queue_timeout
+        t0 = arrival
         try:
             while True:
                 self.queued += 1
-                t0 = trio.current_time()
                 try:
-                    engine = await self._acquire(req, avoid, queue_deadline + req.engine_time)
+                    # The queue deadline moves by the time spent dispatched (re-routes).
+                    engine, start = await self._acquire(
+                        req, avoid, queue_deadline + req.engine_time, t0
+                    )
+                except BaseException:
+                    req.queue_time += trio.current_time() - t0
+                    raise
                 finally:
                     self.queued -= 1
-                    start = trio.current_time()
-                    req.queue_time += start - t0
+                req.queue_time += start - t0
                 deadline = start + budget
                 self.in_flight += 1
                 engine.in_flight += 1
@@ -202,8 +220,8 @@ class Dispatcher:
                         return answer
                 finally:
                     if not handed_over:
-                        self.finish(req, engine, start)
-                budget = max(0.0, deadline - trio.current_time())
+                        t0 = self.finish(req, engine, start)
+                budget = max(0.0, deadline - t0)
                 avoid = engine
         except TrioforwardError as exc:
             exc.attempts = req.attempts
