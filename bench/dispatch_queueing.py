@@ -184,6 +184,38 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     }
 
 
+def format_table(document: dict[str, Any]) -> str:
+    """A Markdown table of one run (for docs/performance.md)."""
+
+    def s(key: str) -> str:
+        value = document.get(key)
+        return "n/a" if value is None else f"{value:g} s"
+
+    rows = [
+        ("requests submitted at once", f"{document['requests']:,}"),
+        ("engines x capacity", f"{document['engines']} x {document['capacity_per_engine']}"),
+        ("engine time per request (model)", s("engine_time_s")),
+        ("failures", f"{document['failures']:,}"),
+        ("wall time", s("wall_s")),
+        ("physical limit (requests x engine time / capacity)", s("physical_limit_s")),
+        ("wall / physical limit", f"{document['wall_over_limit']:.2f}x"),
+        (
+            "queue time p50 / p99 / max",
+            f"{s('queue_time_p50_s')} / {s('queue_time_p99_s')} / {s('queue_time_max_s')}",
+        ),
+        (
+            "engine time p50 / p99 / mean",
+            f"{s('engine_time_p50_s')} / {s('engine_time_p99_s')} / {s('engine_time_mean_s')}",
+        ),
+        ("gateway CPU per request", f"{document['gateway_cpu_per_request_us']:g} us"),
+        (f"engines' CPU ({document['engines']} processes)", s("engines_cpu_s")),
+        ("peak RSS of the gateway process", f"{document['peak_rss_mb']:g} MiB"),
+    ]
+    lines = ["| measure | value |", "|---|---:|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print a table; write the JSON results. Returns the results."""
     args = _parse(argv)
