@@ -198,3 +198,32 @@ async def test_caller_cancellation_not_retried_engine_aborts(fd_baseline: int) -
             await engine.stats.wait_for(lambda s: s.aborted >= 1)
         assert completions(engine) == 1
         assert client.statistics().retries == {}
+
+
+async def test_rejection_retried_on_another_engine(fd_baseline: int) -> None:
+    async with open_engine() as e1, open_engine() as e2:
+        async with client_for(e1, e2, routing="round-robin") as client:
+            e1.faults.reject = 1
+            r = await client.post(COMPLETION, json=body())
+            assert r.status == 200 and r.engine == e2.url and r.attempts == 2
+            assert completions(e1) == 1 and completions(e2) == 1
+
+
+async def test_dispatch_deadline_bounds_connect_retries(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    dead = closed_port_url()
+    async with client_for(
+        dead,
+        connect_retries=10,
+        backoff_initial=0.2,
+        backoff_max=5.0,
+        dispatch_timeout=0.5,
+        health_failures=0,
+    ) as client:
+        start = trio.current_time()
+        with pytest.raises(EngineConnectError) as info:
+            await client.post(COMPLETION, json=body())
+        # A backoff that would end past the deadline is not slept: the last error stands.
+        assert trio.current_time() - start < 0.5
+        assert 2 <= info.value.attempts < 11
