@@ -16,6 +16,7 @@ import math
 import os
 import select
 from collections.abc import Awaitable, Callable
+from operator import itemgetter
 
 import h11
 import trio
@@ -23,7 +24,7 @@ import trio
 from trioforward.http._errors import Phase
 from trioforward.http._phases import Attempt
 
-__all__ = ["Connection", "RECEIVE_SIZE"]
+__all__ = ["Connection", "RECEIVE_SIZE", "header_list"]
 
 RECEIVE_SIZE = 65536  # bytes per read: a whole small response, or a big stream in few syscalls
 _ONE_WRITE = 65536  # headers and a body up to this size go out in one write
@@ -37,6 +38,7 @@ _wait_writable = trio.lowlevel.wait_writable
 _current_time = trio.current_time
 _EOM = h11.EndOfMessage()
 _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE"})
+_NAME_VALUE = itemgetter(1, 2)
 _HOST = b"host"
 _CONTENT_LENGTH = b"content-length"
 
@@ -124,14 +126,16 @@ class Connection:
             await self._write_all(body, deadline, attempt)
 
     async def _write_all(self, data: bytes, deadline: float, attempt: Attempt) -> None:
-        fd = self.fd
         try:
-            sent = _write(fd, data)
+            sent = _write(self.fd, data)
         except BlockingIOError:
             sent = 0
-        if sent == len(data):
-            return
-        # Slow path: the socket buffer is full (large body, slow reader).
+        if sent != len(data):
+            await self.send_rest(data, sent, deadline, attempt)
+
+    async def send_rest(self, data: bytes, sent: int, deadline: float, attempt: Attempt) -> None:
+        """The slow path of a write: the socket buffer is full (large body, slow reader)."""
+        fd = self.fd
         view = memoryview(data)
         while sent < len(view):
             await _wait(_wait_writable, fd, deadline, attempt, "deadline")
@@ -156,17 +160,39 @@ class Connection:
                 return _read(fd, RECEIVE_SIZE)
             except BlockingIOError:
                 pass
-        what = "deadline"
-        if read_timeout is not None and attempt.phase is _READ_BODY:
-            silence = _current_time() + read_timeout
-            if silence < deadline:
-                deadline, what = silence, "read_timeout"
         while True:
-            await _wait(_wait_readable, fd, deadline, attempt, what)
+            await _wait_until(fd, deadline, read_timeout, attempt)
             try:
                 return _read(fd, RECEIVE_SIZE)
             except BlockingIOError:
                 continue
+
+
+async def _wait_until(
+    fd: int, deadline: float, read_timeout: float | None, attempt: Attempt
+) -> None:
+    """Wait until ``fd`` is readable; past ``deadline`` (or, in READ_BODY, after
+    ``read_timeout`` s of silence) raise the attempt's timeout error."""
+    what = "deadline"
+    if read_timeout is not None and attempt.phase is _READ_BODY:
+        silence = _current_time() + read_timeout
+        if silence < deadline:
+            deadline, what = silence, "read_timeout"
+    await _wait(_wait_readable, fd, deadline, attempt, what)
+
+
+def header_list(headers: h11._headers.Headers) -> list[tuple[bytes, bytes]]:
+    """h11 response headers as ``[(lower-case name, value), ...]``.
+
+    h11's ``Headers`` is a Sequence whose iteration goes through ``__getitem__``
+    once per header; its ``_full_items`` triples hold the same pairs and
+    ``map(itemgetter)`` copies them in C. Falls back to iteration if the private
+    layout ever changes.
+    """
+    try:
+        return list(map(_NAME_VALUE, headers._full_items))
+    except AttributeError:  # pragma: no cover - another h11 layout
+        return list(headers)
 
 
 async def _wait(

@@ -28,17 +28,26 @@ _CONNECT = Phase.CONNECT
 class Attempt:
     """One request's progress through CONNECT → SEND → AWAIT_HEADERS → READ_BODY.
 
-    Mutable on purpose: the driver assigns ``phase`` as it goes (``SEND`` is set
+    The hot path (:meth:`ConnectionPool.request`) keeps these facts in local
+    variables and builds an ``Attempt`` only to raise: an object that lives
+    across every await of thousands of in-flight requests is garbage-collector
+    work (docs/performance.md). Mutable on purpose: the driver assigns ``phase`` as it goes (``SEND`` is set
     *before* the first request byte is written) and adds every received byte to
     ``response_bytes``. ``origin`` is ``(scheme, host, port)``.
     """
 
     __slots__ = ("phase", "reused", "response_bytes", "origin")
 
-    def __init__(self, origin: tuple[str, str, int]) -> None:
-        self.phase = _CONNECT
-        self.reused = False
-        self.response_bytes = 0
+    def __init__(
+        self,
+        origin: tuple[str, str, int],
+        phase: Phase = _CONNECT,
+        reused: bool = False,
+        response_bytes: int = 0,
+    ) -> None:
+        self.phase = phase
+        self.reused = reused
+        self.response_bytes = response_bytes
         self.origin = origin
 
     def _error(self, cls: type[PoolError], message: str) -> PoolError:

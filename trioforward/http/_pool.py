@@ -23,6 +23,7 @@ mutation of the bookkeeping here happens between checkpoints.
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,7 +31,12 @@ from contextlib import asynccontextmanager
 import h11
 import trio
 
-from trioforward.http._connection import Connection
+from trioforward.http._connection import (
+    _ONE_WRITE,
+    RECEIVE_SIZE,
+    Connection,
+    header_list,
+)
 from trioforward.http._errors import Phase
 from trioforward.http._models import PoolStatistics, Response, Target, parse_target
 from trioforward.http._phases import Attempt
@@ -38,6 +44,10 @@ from trioforward.http._phases import Attempt
 __all__ = ["ConnectionPool", "open_pool"]
 
 _inf = math.inf
+_read = os.read
+_write = os.write
+_wait_readable = trio.lowlevel.wait_readable
+_NO_HEADERS: list[tuple[bytes, bytes]] = []
 _current_time = trio.current_time
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _NEED_DATA = h11.NEED_DATA
@@ -161,9 +171,12 @@ class ConnectionPool:
         is closed and ``trio.Cancelled`` propagates.
         """
         target, origin = self._lookup(url)
-        attempt = Attempt(origin.spec)
         await _checkpoint_if_cancelled()
-        conn = await self._acquire(origin, attempt, deadline)
+        conn = await self._acquire(origin, deadline)
+        # The attempt's facts live in locals (see Attempt): phase, reused, received.
+        reused = conn.requests > 0
+        phase = _SEND
+        received = 0
         try:
             head, body = conn.request_bytes(
                 _METHODS.get(method) or _as_bytes(method),
@@ -172,50 +185,90 @@ class ConnectionPool:
                 headers,
                 content,
             )
-            attempt.phase = _SEND
-            await conn.send(head, body, deadline, attempt)
-            attempt.phase = _AWAIT_HEADERS
+            fd = conn.fd
+            if len(body) <= _ONE_WRITE:
+                data = head + body if body else head
+                try:
+                    sent = _write(fd, data)
+                except BlockingIOError:
+                    sent = 0
+                if sent != len(data):
+                    attempt = Attempt(origin.spec, _SEND, reused)
+                    await conn.send_rest(data, sent, deadline, attempt)
+            else:
+                await conn.send(head, body, deadline, Attempt(origin.spec, _SEND, reused))
+            phase = _AWAIT_HEADERS
             h = conn.h11
             next_event = h.next_event
-            chunks: list[bytes | bytearray] = []
             status = 0
-            response_headers: list[tuple[bytes, bytes]] = []
-            first = True
+            response_headers: list[tuple[bytes, bytes]] = _NO_HEADERS
+            content_out: bytes | bytearray = b""
+            more: list[bytes | bytearray] | None = None
+            just_sent = True
             while True:
                 event = next_event()
                 if event is _NEED_DATA:
-                    data = await conn.receive(deadline, read_timeout, attempt, first)
-                    first = False
-                    attempt.response_bytes += len(data)
-                    h.receive_data(data)
+                    # Read first unless nothing can be there yet; wait only if empty.
+                    got: bytes | None = None
+                    if not just_sent:
+                        try:
+                            got = _read(fd, RECEIVE_SIZE)
+                        except BlockingIOError:
+                            pass
+                    just_sent = False
+                    while got is None:
+                        if read_timeout is None or phase is not _READ_BODY:
+                            limit, what = deadline, "deadline"
+                        else:
+                            limit, what = _current_time() + read_timeout, "read_timeout"
+                            if deadline < limit:
+                                limit, what = deadline, "deadline"
+                        if limit == _inf:
+                            await _wait_readable(fd)
+                        else:
+                            # Inline, not a helper coroutine: whatever is alive
+                            # across this await, times thousands of requests in
+                            # flight, is what the garbage collector walks.
+                            with trio.CancelScope(deadline=limit) as scope:
+                                await _wait_readable(fd)
+                            if scope.cancelled_caught:
+                                raise Attempt(origin.spec, phase, reused, received).timeout(what)
+                        try:
+                            got = _read(fd, RECEIVE_SIZE)
+                        except BlockingIOError:
+                            pass
+                    received += len(got)
+                    h.receive_data(got)
                     continue
                 kind = type(event)
                 if kind is _Data:
-                    chunks.append(event.data)  # type: ignore[union-attr]
+                    if more is not None:
+                        more.append(event.data)  # type: ignore[union-attr]
+                    elif content_out:
+                        more = [content_out, event.data]  # type: ignore[union-attr]
+                    else:
+                        content_out = event.data  # type: ignore[union-attr]
                 elif kind is _Response:
                     status = event.status_code  # type: ignore[union-attr]
-                    response_headers = list(event.headers)  # type: ignore[union-attr]
-                    attempt.phase = _READ_BODY
+                    response_headers = header_list(event.headers)  # type: ignore[union-attr]
+                    phase = _READ_BODY
                 elif kind is _EndOfMessage:
                     break
                 elif kind is not _InformationalResponse:  # ConnectionClosed
-                    raise attempt.closed()
-            if first:
-                # The response was complete without a wait: still yield once,
-                # as every trio I/O call does.
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                    raise Attempt(origin.spec, phase, reused, received).closed()
         except BaseException as exc:
             self._release(origin, conn, False)
             if isinstance(exc, OSError | h11.ProtocolError):
-                raise attempt.failure(exc) from exc
+                raise Attempt(origin.spec, phase, reused, received).failure(exc) from exc
             raise
         self._finish(origin, conn)
-        content_out = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if more is not None:
+            content_out = b"".join(more)
         return Response(
             status,
             response_headers,
             content_out if type(content_out) is bytes else bytes(content_out),
-            attempt.reused,
+            reused,
         )
 
     def stream(
@@ -260,14 +313,14 @@ class ConnectionPool:
             hit = self._targets[url] = (target, origin)
         return hit
 
-    async def _acquire(self, origin: _Origin, attempt: Attempt, deadline: float) -> Connection:
+    async def _acquire(self, origin: _Origin, deadline: float) -> Connection:
         """Take a slot, then the newest live idle connection or a new one.
 
         On any exception (timeout, connect failure, cancellation) the slot is
         given back and no socket stays open.
         """
         if self._limit and origin.held >= self._limit:
-            await self._wait_for_slot(origin, attempt, deadline)  # the slot is handed to us
+            await self._wait_for_slot(origin, deadline)  # the slot is handed to us
         else:
             origin.held += 1
         idle = origin.idle
@@ -287,11 +340,10 @@ class ConnectionPool:
                     continue
                 self._active += 1
                 self._reused_total += 1
-                attempt.reused = True
                 return conn
         self._connecting += 1
         try:
-            conn = await self._connect(origin, attempt, deadline)
+            conn = await self._connect(origin, deadline)
         except BaseException:
             self._connecting -= 1
             self._release_slot(origin)
@@ -301,7 +353,7 @@ class ConnectionPool:
         self._opened_total += 1
         return conn
 
-    async def _wait_for_slot(self, origin: _Origin, attempt: Attempt, deadline: float) -> None:
+    async def _wait_for_slot(self, origin: _Origin, deadline: float) -> None:
         self._waiting += 1
         try:
             if deadline == _inf:
@@ -311,11 +363,11 @@ class ConnectionPool:
                 await origin.lot.park()
             # If park() returned, the slot is ours even when the deadline passed too.
             if scope.cancelled_caught:
-                raise attempt.timeout("deadline (waiting for a connection slot)")
+                raise Attempt(origin.spec).timeout("deadline (waiting for a connection slot)")
         finally:
             self._waiting -= 1
 
-    async def _connect(self, origin: _Origin, attempt: Attempt, deadline: float) -> Connection:
+    async def _connect(self, origin: _Origin, deadline: float) -> Connection:
         """``trio.open_tcp_stream`` in the caller's own scope.
 
         trio closes every socket it opened if the connect fails or is
@@ -334,9 +386,9 @@ class ConnectionPool:
                 stream = await trio.open_tcp_stream(origin.host, origin.port)
                 return Connection(stream)
             assert scope.cancelled_caught
-            raise attempt.timeout(what)
+            raise Attempt(origin.spec).timeout(what)
         except OSError as exc:
-            raise attempt.failure(exc) from exc
+            raise Attempt(origin.spec).failure(exc) from exc
 
     def _finish(self, origin: _Origin, conn: Connection) -> None:
         """The response was read to the end: park the connection if h11 allows."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import h11
 import trio
 
-from trioforward.http._connection import Connection
+from trioforward.http._connection import Connection, header_list
 from trioforward.http._errors import Phase
 from trioforward.http._models import Target
 from trioforward.http._phases import Attempt
@@ -132,7 +132,8 @@ class StreamContext:
     async def __aenter__(self) -> StreamResponse:
         pool, attempt, deadline = self.pool, self.attempt, self.deadline
         await trio.lowlevel.checkpoint_if_cancelled()
-        conn = self.conn = await pool._acquire(self.origin, attempt, deadline)
+        conn = self.conn = await pool._acquire(self.origin, deadline)
+        attempt.reused = conn.requests > 0
         try:
             head, body = conn.request_bytes(
                 self.method, self.target.path, self.target.host_header, self.headers, self.content
@@ -152,7 +153,7 @@ class StreamContext:
                 elif type(event) is h11.Response:
                     attempt.phase = Phase.READ_BODY
                     response = self.response = StreamResponse(
-                        event.status_code, list(event.headers), attempt.reused, self
+                        event.status_code, header_list(event.headers), attempt.reused, self
                     )
                     return response
                 elif type(event) is not h11.InformationalResponse:
