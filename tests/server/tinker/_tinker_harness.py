@@ -143,3 +143,55 @@ async def scripted_gateway(**knobs: Any) -> AsyncIterator[tuple[str, ScriptedCli
         async with serving(app) as url:
             yield url, client, state
         background.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def real_gateway(*engine_urls: str, **knobs: Any) -> AsyncIterator[tuple[str, Any]]:
+    """The full gateway (``create_app``: dispatch core, auth, every route) under Hypercorn."""
+    from trioforward.server import create_app
+    from trioforward.server import serve as serve_gateway
+
+    settings = Settings(engines=tuple(engine_urls), shutdown_grace=2.0).replace(**knobs)
+    app = create_app(settings)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: serve_gateway(
+                app,
+                settings,
+                bind="127.0.0.1:0",
+                shutdown_trigger=stop.wait,
+                task_status=task_status,
+            )
+        )
+        try:
+            yield binds[0], app
+        finally:
+            stop.set()
+
+
+def sdk_sample(
+    url: str,
+    *,
+    base_model: str | None = None,
+    model_path: str | None = None,
+    prompt: list[int],
+    num_samples: int,
+    api_key: str = "tml-dummy",
+    include_prompt_logprobs: bool = False,
+    **params: Any,
+) -> Any:
+    """Sample with the unmodified tinker SDK (blocking: run it in a thread)."""
+    import tinker
+    from tinker import types
+
+    with tinker.ServiceClient(base_url=url, api_key=api_key) as service:
+        client = service.create_sampling_client(
+            base_model=base_model, model_path=model_path
+        ).result()
+        return client.sample(
+            prompt=types.ModelInput.from_ints(prompt),
+            num_samples=num_samples,
+            sampling_params=types.SamplingParams(**params),
+            include_prompt_logprobs=include_prompt_logprobs,
+        ).result(timeout=60)

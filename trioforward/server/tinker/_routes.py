@@ -80,6 +80,12 @@ async def _body() -> dict[str, Any]:
     return doc
 
 
+async def _drain() -> None:
+    # Every body is read, even when unused: a request body left unread on a
+    # keep-alive connection stalls the next request on it.
+    await request.get_data(cache=False)
+
+
 @blueprint.errorhandler(BadRequest)
 async def _bad_request(err: BadRequest) -> Response:
     return _error(400, str(err), "invalid_request")
@@ -87,11 +93,13 @@ async def _bad_request(err: BadRequest) -> Response:
 
 @blueprint.route("/client/config", methods=["POST"])
 async def client_config() -> Response:
+    await _drain()
     return _json(CLIENT_CONFIG)
 
 
 @blueprint.route("/client/dynamic_config", methods=["POST"])
 async def client_dynamic_config() -> Response:
+    await _drain()
     return _json(DYNAMIC_CONFIG)
 
 
@@ -114,17 +122,19 @@ async def session_heartbeat() -> Response:
 
 @blueprint.route("/sessions/<session_id>/finish", methods=["POST"])
 async def finish_session(session_id: str) -> Response:
+    await _drain()
     return _json({})
 
 
 @blueprint.route("/telemetry", methods=["POST"])
 async def telemetry() -> Response:
-    await request.get_data(cache=False)
+    await _drain()
     return _json({"status": "accepted"})
 
 
 @blueprint.route("/get_server_capabilities", methods=["GET", "POST"])
 async def get_server_capabilities() -> Response:
+    await _drain()
     state = tinker_state()
     models = [
         {"model_name": m, "sampleable": True, "trainable": False} for m in state.known_models()
@@ -219,7 +229,7 @@ async def retrieve_future() -> Response:
 @blueprint.route("/cancel_future", methods=["POST"])
 async def cancel_future() -> Response:
     # Accepted and ignored: a sample, once admitted, runs to completion.
-    await request.get_data(cache=False)
+    await _drain()
     return _json({})
 
 

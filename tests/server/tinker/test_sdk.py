@@ -1,0 +1,104 @@
+"""End to end: the unmodified tinker SDK samples through the full gateway from simulated engines."""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import pytest
+import trio
+from _tinker_harness import real_gateway, sdk_sample
+
+from trioforward.sim import expected_prompt_logprobs, open_engine, sample
+
+pytest.importorskip("trioforward.dispatch", reason="dispatch core not available")
+
+PROMPT = [101, 7, 2048, 3, 977]
+
+
+def completions(engine: object) -> int:
+    by_path = engine.stats.by_path  # type: ignore[attr-defined]
+    return int(by_path["/v1/completions"])
+
+
+async def test_sdk_samples_base_model_with_stops_and_prompt_logprobs(
+    sdk_loop: None, fd_baseline: int
+) -> None:
+    async with open_engine(port=0) as engine, real_gateway(engine.url) as (url, app):
+        stop = [" t1", " t2"]
+        result = await trio.to_thread.run_sync(
+            functools.partial(
+                sdk_sample,
+                url,
+                base_model="sim-base",
+                prompt=PROMPT,
+                num_samples=3,
+                include_prompt_logprobs=True,
+                max_tokens=12,
+                seed=42,
+                temperature=0.7,
+                stop=stop,
+            )
+        )
+        assert len(result.sequences) == 3
+        for i, seq in enumerate(result.sequences):
+            want = sample("sim-base", PROMPT, 42, i, 12, (), stop)
+            assert seq.tokens == want.tokens
+            assert seq.logprobs == want.logprobs
+            assert seq.stop_reason == want.finish_reason
+        want_prompt = expected_prompt_logprobs("sim-base", PROMPT)
+        got = result.prompt_logprobs
+        assert got[0] is None
+        for i in range(1, len(PROMPT)):
+            assert math.isclose(got[i], want_prompt[i][str(PROMPT[i])]["logprob"], rel_tol=1e-6)
+        assert completions(engine) == 1
+        assert app.extensions["trioforward"].client.statistics().pool.active == 0
+
+
+async def test_sdk_stop_token_ids(sdk_loop: None, fd_baseline: int) -> None:
+    async with open_engine(port=0) as engine, real_gateway(engine.url) as (url, _):
+        first = sample("sim-base", PROMPT, 5, 0, 20).tokens
+        stop_ids = [first[3]]
+        result = await trio.to_thread.run_sync(
+            functools.partial(
+                sdk_sample,
+                url,
+                base_model="sim-base",
+                prompt=PROMPT,
+                num_samples=1,
+                max_tokens=20,
+                seed=5,
+                stop=stop_ids,
+            )
+        )
+        want = sample("sim-base", PROMPT, 5, 0, 20, stop_ids)
+        assert result.sequences[0].tokens == want.tokens
+        assert result.sequences[0].stop_reason == "stop"
+
+
+async def test_sdk_samples_lazily_loaded_lora_adapter(
+    sdk_loop: None, fd_baseline: int, tmp_path: Path
+) -> None:
+    adapter_dir = tmp_path / "run7" / "step3"
+    adapter_dir.mkdir(parents=True)
+    async with (
+        open_engine(
+            port=0, adapters={"run7_step3": str(adapter_dir)}, lazy_adapters=0.05
+        ) as engine,
+        real_gateway(engine.url, adapter_root=str(tmp_path)) as (url, _),
+    ):
+        result = await trio.to_thread.run_sync(
+            functools.partial(
+                sdk_sample,
+                url,
+                model_path="tinker://run7/sampler_weights/step3",
+                prompt=PROMPT,
+                num_samples=2,
+                max_tokens=8,
+                seed=9,
+            )
+        )
+        for i, seq in enumerate(result.sequences):
+            assert seq.tokens == sample("run7_step3", PROMPT, 9, i, 8).tokens
+        assert completions(engine) >= 1
