@@ -102,3 +102,42 @@ async def test_sdk_samples_lazily_loaded_lora_adapter(
         for i, seq in enumerate(result.sequences):
             assert seq.tokens == sample("run7_step3", PROMPT, 9, i, 8).tokens
         assert completions(engine) >= 1
+
+
+async def test_abandoned_poll_and_resubmits_against_a_real_engine(fd_baseline: int) -> None:
+    import httpx
+
+    async with (
+        open_engine(port=0, decode_ms_per_token=20) as engine,
+        real_gateway(engine.url) as (url, app),
+    ):
+        async with httpx.AsyncClient(base_url=url, headers={"X-API-Key": "tml-dummy"}) as http:
+            r = await http.post(
+                "/api/v1/create_sampling_session",
+                json={"session_id": "s", "sampling_session_seq_id": 0, "base_model": "sim-base"},
+            )
+            sampler = r.json()["sampling_session_id"]
+            body = {
+                "num_samples": 1,
+                "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
+                "sampling_params": {"max_tokens": 30, "seed": 1},
+                "sampling_session_id": sampler,
+                "seq_id": 0,
+            }
+            ids = {
+                (await http.post("/api/v1/asample", json=body)).json()["request_id"]
+                for _ in range(3)
+            }
+            assert len(ids) == 1
+            rid = ids.pop()
+            with trio.move_on_after(0.1):  # the trainer gives up on this poll
+                await http.post("/api/v1/retrieve_future", json={"request_id": rid})
+            await engine.stats.wait_for(lambda s: s.completed >= 1)
+            assert engine.stats.aborted == 0
+            first = await http.post("/api/v1/retrieve_future", json={"request_id": rid})
+            again = await http.post("/api/v1/retrieve_future", json={"request_id": rid})
+            assert first.status_code == again.status_code == 200
+            assert first.content == again.content
+            assert (await http.post("/api/v1/asample", json=body)).json()["request_id"] == rid
+        assert completions(engine) == 1
+        assert app.extensions["trioforward"].client.statistics().pool.active == 0
