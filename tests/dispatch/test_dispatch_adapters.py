@@ -126,3 +126,24 @@ async def test_adapter_registry_api(fd_baseline: int) -> None:
         assert not client.adapters.is_adapter("x")
         with pytest.raises(ValueError):
             client.adapters.register("", "/p")
+
+
+async def test_concurrent_requests_share_a_failed_load(fd_baseline: int) -> None:
+    async with (
+        open_engine(runtime_lora=False, adapter_load_seconds=0.05) as engine,
+        client_for(engine, adapters=ADAPTERS) as client,
+    ):
+        errors: list[AdapterLoadError] = []
+
+        async def one() -> None:
+            with pytest.raises(AdapterLoadError) as info:
+                await client.post(COMPLETION, json=body(model="lora-a"))
+            errors.append(info.value)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(one)
+        assert len(errors) == 8 and len({id(e) for e in errors}) == 8
+        assert all("lora-a" in str(e) for e in errors)
+        # The 404s arrive together: the requests share one (failed) load.
+        assert engine.stats.by_path["/v1/load_lora_adapter"] <= 2

@@ -97,8 +97,17 @@ class AdapterLoader:
                 flight.done.set()
             return
         await flight.done.wait()
-        if isinstance(flight.error, AdapterLoadError):
-            raise flight.error
+        error = flight.error
+        if isinstance(error, AdapterLoadError):
+            # Each waiter raises its own copy: the dispatch core fills in per-request
+            # fields (attempts, times), and a traceback belongs to one task.
+            raise AdapterLoadError(
+                error.message,
+                adapter=error.adapter,
+                status=error.status,
+                phase=error.phase,
+                engine=error.engine,
+            )
         if flight.error is not None:
             # The loader was cancelled (its caller left): try again ourselves.
             await self.ensure_loaded(engine, name, seen_epoch=engine.adapter_epoch.get(name, 0))
