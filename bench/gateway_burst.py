@@ -79,11 +79,14 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
 # --- load generator (its own process) ---------------------------------------------
 
 
-async def _burst(session: Any, urls: list[str], size: int) -> tuple[float, list[float], int]:
+async def _burst(
+    session: Any, urls: list[str], size: int
+) -> tuple[float, list[float], int, dict[str, int]]:
     payload = json.dumps(BODY).encode()
     headers = {"content-type": "application/json"}
     latencies: list[float] = []
     errors = 0
+    kinds: dict[str, int] = {}
 
     async def one(i: int) -> None:
         nonlocal errors
@@ -94,15 +97,17 @@ async def _burst(session: Any, urls: list[str], size: int) -> tuple[float, list[
                 body = await response.read()
                 if response.status != 200 or b'"choices"' not in body:
                     errors += 1
+                    kinds[f"HTTP {response.status}"] = kinds.get(f"HTTP {response.status}", 0) + 1
                     return
-        except Exception:  # noqa: BLE001 - any failure is an error of this target
+        except Exception as exc:  # noqa: BLE001 - any failure is an error of this target
             errors += 1
+            kinds[type(exc).__name__] = kinds.get(type(exc).__name__, 0) + 1
             return
         latencies.append(time.perf_counter() - start)
 
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(size)))
-    return time.perf_counter() - start, latencies, errors
+    return time.perf_counter() - start, latencies, errors, kinds
 
 
 async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -122,11 +127,12 @@ async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
                 session, urls, pid = sessions[target["name"]], target["urls"], target["pid"]
                 await _burst(session, urls, size)  # warm-up: opens the connections
                 cpu0 = process_cpu(pid) if pid else 0.0
-                wall, latencies, errors = await _burst(session, urls, size)
+                wall, latencies, errors, kinds = await _burst(session, urls, size)
                 cpu = (process_cpu(pid) - cpu0) if pid else None
                 latencies.sort()
                 row = {
-                    "target": target["name"], "size": size, "errors": errors, "wall_s": wall,
+                    "target": target["name"], "size": size, "errors": errors, "error_kinds": kinds,
+                    "wall_s": wall,
                     "throughput_rps": size / wall,
                     "p50_ms": 1e3 * latencies[len(latencies) // 2] if latencies else None,
                     "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None,

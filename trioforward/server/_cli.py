@@ -104,11 +104,12 @@ def serve(engine: tuple[str, ...], config_file: str | None, **flags: Any) -> Non
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from trioforward.server._app import create_app
-    from trioforward.server._serve import raise_open_files_limit
+    from trioforward.server._serve import raise_open_files_limit, tune_gc
     from trioforward.server._serve import serve as serve_app
 
     nofile = raise_open_files_limit()
     app = create_app(settings)
+    tune_gc()
     log = logging.getLogger("trioforward.server")
 
     async def main() -> None:
