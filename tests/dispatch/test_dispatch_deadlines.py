@@ -126,3 +126,20 @@ async def test_max_queued_rejects_beyond(fd_baseline: int) -> None:
             assert info.value.status == 429
             await client.resume()
         assert completions(engine) == 2
+
+
+async def test_removing_the_last_engine_fails_waiting_requests(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        await client.pause()
+        async with trio.open_nursery() as nursery:
+
+            async def one() -> None:
+                with pytest.raises(NoEngineAvailable):
+                    await client.post(COMPLETION, json=body())
+
+            for _ in range(3):
+                nursery.start_soon(one)
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.statistics().queued == 3
+            client.engines.remove(engine.url)
+        assert completions(engine) == 0

@@ -199,6 +199,9 @@ class Registry:
         engine.removed = True
         self._refresh(engine)
         engine.abort_calls(f"engine {engine.url} was removed")
+        if not self.engines:
+            # Nothing left to wait for: parked requests fail now (NoEngineAvailable).
+            self._lot.unpark_all()
         if engine.health_scope is not None:
             engine.health_scope.cancel()
         self.version += 1
