@@ -301,6 +301,7 @@ class Dispatcher:
                     is_adapter=req.is_adapter,
                     counts=req.counts or _NO_COUNTS,
                     policy=self.policy,
+                    rand=self.rand,
                 )
                 if decision.action is Action.RETURN:
                     return Answer(engine, status, headers, content, None, None, start)
@@ -336,10 +337,12 @@ class Dispatcher:
                 # waiting for a health probe).
 
     def _on_error(self, req: Request, engine: Engine, exc: PoolError, deadline: float) -> Decision:
+        if trio.current_time() >= deadline:
+            # Our own budget ran out (possibly while waiting for a connection slot):
+            # not the engine's fault, so no health failure is recorded.
+            return Decision(Action.FAIL, "dispatch_deadline")
         if exc.phase is Phase.CONNECT:
             self.registry.record_failure(engine)
-        if trio.current_time() >= deadline:
-            return Decision(Action.FAIL, "dispatch_deadline")
         return decide_error(
             exc.phase,
             reused=exc.reused,
