@@ -88,7 +88,7 @@ class _Loadgen:
         }
 
     async def post(
-        self, path: str, body: dict[str, Any], timeout: float | None = None
+        self, path: str, body: dict[str, Any], limit_s: float | None = None
     ) -> tuple[int, bytes, str]:
         import aiohttp
 
@@ -96,7 +96,7 @@ class _Loadgen:
             self.url + path,
             data=json.dumps(body),
             headers=HEADERS,
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            timeout=aiohttp.ClientTimeout(total=limit_s),
         ) as response:
             return response.status, await response.read(), response.headers.get("content-type", "")
 
@@ -136,7 +136,7 @@ class _Loadgen:
         }
         while True:
             try:
-                status, raw, _ = await self.post("/api/v1/asample", body, timeout=60)
+                status, raw, _ = await self.post("/api/v1/asample", body, limit_s=60)
             except Exception:  # noqa: BLE001 - connection errors: the SDK resubmits
                 self.counts["asample_retries"] += 1
                 await asyncio.sleep(0.5)
@@ -159,7 +159,7 @@ class _Loadgen:
                 status, raw, ctype = await self.post(
                     "/api/v1/retrieve_future",
                     {"request_id": request_id, "allow_metadata_only": True},
-                    timeout=45,
+                    limit_s=45,
                 )
             except Exception:  # noqa: BLE001 - timeouts/connection errors: the SDK re-polls
                 self.counts["poll_retries"] += 1
