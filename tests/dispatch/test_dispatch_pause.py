@@ -158,3 +158,18 @@ async def test_engine_removal_aborts_in_flight(fd_baseline: int) -> None:
             client.engines.remove(engine.url)
         with trio.fail_after(10):
             await engine.stats.wait_for(lambda s: s.aborted == 1)
+
+
+async def test_pause_abort_ends_a_stream(fd_baseline: int) -> None:
+    async with open_engine(decode_ms_per_token=200) as engine, client_for(engine) as client:
+        chunks = 0
+        with pytest.raises(DispatchAborted):
+            async with client.stream(COMPLETION, json=body(max_tokens=50, stream=True)) as fs:
+                async for _ in fs.aiter_bytes():
+                    chunks += 1
+                    if chunks == 1:
+                        client._nursery.start_soon(partial(client.pause, mode="abort"))
+        assert chunks >= 1
+        with trio.fail_after(10):
+            await engine.stats.wait_for(lambda s: s.aborted == 1)
+        await client.resume()
