@@ -227,3 +227,18 @@ async def test_dispatch_deadline_bounds_connect_retries(
         # A backoff that would end past the deadline is not slept: the last error stands.
         assert trio.current_time() - start < 0.5
         assert 2 <= info.value.attempts < 11
+
+
+async def test_engine_closing_after_every_response_never_fails_a_request(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        engine.faults.close_every = 1  # closes each connection right after its response
+        for _ in range(20):
+            r = await client.post(COMPLETION, json=body())
+            assert r.status == 200 and r.attempts <= 2
+            assert set(r.retries) <= {
+                ("send", "keepalive_race"),
+                ("await_headers", "keepalive_race"),
+            }
+        # Each request ran exactly once on the engine: a re-sent attempt had never
+        # reached it (the connection was already closed).
+        assert completions(engine) == 20
