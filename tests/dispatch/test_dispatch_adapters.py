@@ -13,12 +13,15 @@ from trioforward.sim import open_engine
 ADAPTERS = {"lora-a": "/adapters/lora-a"}
 
 
+@pytest.mark.parametrize("routing", ["least-outstanding", "round-robin"])
 @pytest.mark.parametrize("unknown_status", [404, 400])
-async def test_adapter_race_one_load_per_engine(fd_baseline: int, unknown_status: int) -> None:
+async def test_adapter_race_one_load_per_engine(
+    fd_baseline: int, unknown_status: int, routing: str
+) -> None:
     async with (
         open_engine(adapter_load_seconds=0.05, unknown_model_status=unknown_status) as e1,
         open_engine(adapter_load_seconds=0.05, unknown_model_status=unknown_status) as e2,
-        client_for(e1, e2, routing="round-robin", adapters=ADAPTERS) as client,
+        client_for(e1, e2, routing=routing, adapters=ADAPTERS) as client,
     ):
         results: list[ForwardResponse] = []
 
@@ -30,6 +33,8 @@ async def test_adapter_race_one_load_per_engine(fd_baseline: int, unknown_status
                 nursery.start_soon(one)
         assert [r.status for r in results] == [200] * 32
         assert max(r.attempts for r in results) <= 2
+        assert {r.engine for r in results} == {e1.url, e2.url}
+        assert sum(r.engine == e1.url for r in results) == 16  # 16 racing on each engine
         for e in (e1, e2):
             assert e.stats.adapter_loads["lora-a"] == 1
             assert e.stats.by_path["/v1/load_lora_adapter"] == 1
