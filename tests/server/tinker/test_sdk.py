@@ -141,3 +141,40 @@ async def test_abandoned_poll_and_resubmits_against_a_real_engine(fd_baseline: i
             assert (await http.post("/api/v1/asample", json=body)).json()["request_id"] == rid
         assert completions(engine) == 1
         assert app.extensions["trioforward"].client.statistics().pool.active == 0
+
+
+async def test_capabilities_and_health_through_the_sdk_rest_client(
+    sdk_loop: None, fd_baseline: int
+) -> None:
+    import httpx
+
+    async with open_engine(port=0) as engine, real_gateway(engine.url) as (url, _):
+        async with httpx.AsyncClient(base_url=url) as http:
+            caps = (await http.post("/api/v1/get_server_capabilities", json={})).json()
+            names = {m["model_name"] for m in caps["supported_models"]}
+            assert {"sim-base", "sim-base-2"} <= names
+            assert (await http.get("/api/v1/healthz")).json() == {"status": "ok"}
+            assert (await http.post("/api/v1/telemetry", json={"events": []})).json() == {
+                "status": "accepted"
+            }
+
+
+def _compute_logprobs(url: str, prompt: list[int], last_n: int | None) -> list[float | None]:
+    import tinker
+    from tinker import types
+
+    with tinker.ServiceClient(base_url=url, api_key="tml-dummy") as service:
+        client = service.create_sampling_client(base_model="sim-base").result()
+        result: list[float | None] = client.compute_logprobs(
+            types.ModelInput.from_ints(prompt), prompt_logprobs_last_n=last_n
+        ).result(timeout=60)
+        return result
+
+
+async def test_sdk_compute_logprobs_last_n(sdk_loop: None, fd_baseline: int) -> None:
+    async with open_engine(port=0) as engine, real_gateway(engine.url) as (url, _):
+        got = await trio.to_thread.run_sync(_compute_logprobs, url, PROMPT, 2)
+        want = expected_prompt_logprobs("sim-base", PROMPT)
+        assert got[:-2] == [None] * (len(PROMPT) - 2)
+        for i in (len(PROMPT) - 2, len(PROMPT) - 1):
+            assert math.isclose(got[i], want[i][str(PROMPT[i])]["logprob"], rel_tol=1e-6)

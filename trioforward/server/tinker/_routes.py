@@ -136,10 +136,22 @@ async def telemetry() -> Response:
 async def get_server_capabilities() -> Response:
     await _drain()
     state = tinker_state()
-    models = [
-        {"model_name": m, "sampleable": True, "trainable": False} for m in state.known_models()
-    ]
+    names = dict.fromkeys(await _engine_models(state.client))
+    names.update(dict.fromkeys(state.known_models()))
+    models = [{"model_name": m, "sampleable": True, "trainable": False} for m in names]
     return _json({"supported_models": models})
+
+
+async def _engine_models(client: Any) -> list[str]:
+    """The model names an engine lists (``GET /v1/models``); [] if none answers."""
+    from trioforward.errors import TrioforwardError
+
+    try:
+        response = await client.request("GET", "/v1/models")
+        data = orjson.loads(response.content).get("data", []) if response.status == 200 else []
+        return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+    except (TrioforwardError, AttributeError, ValueError, TypeError):
+        return []
 
 
 @blueprint.route("/create_sampling_session", methods=["POST"])
