@@ -73,6 +73,16 @@ class Exchange:
     async def send_raw(self, data: bytes) -> None:
         await self.stream.send_all(data)
 
+    async def wait_client_hangup(self) -> None:
+        """Stall (send nothing) until the client closes the connection, like an
+        engine that notices the disconnect and aborts the generation."""
+        try:
+            while await self.stream.receive_some(65536):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self.hard_closed = True
+
     async def close(self) -> None:
         """Close the connection now (FIN)."""
         self.hard_closed = True
