@@ -124,6 +124,36 @@ async def test_connection_close_response_is_not_reused(fd_baseline: int) -> None
         assert_quiet(pool)
 
 
+async def test_bytes_after_a_response_make_the_connection_unusable(fd_baseline: int) -> None:
+    async def handler(ex: Exchange) -> None:
+        await ex.send_raw(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n")
+        await ex.wait_client_hangup()
+
+    async with open_server(handler) as server, open_pool() as pool:
+        assert (await pool.request("GET", server.url + "/")).content == b"ok"
+        stats = pool.statistics()
+        assert (stats.idle, stats.closed_total) == (0, 1)
+        await server.wait_until(lambda: server.closed == 1)
+        assert_quiet(pool)
+
+
+async def test_connections_released_after_the_pool_closed_are_not_parked(fd_baseline: int) -> None:
+    gate = trio.Event()
+
+    async def handler(ex: Exchange) -> None:
+        await gate.wait()
+        await ex.respond(200, b"late")
+
+    async with open_server(handler) as server, trio.open_nursery() as nursery:
+        async with open_pool() as pool:
+            nursery.start_soon(pool.request, "GET", server.url + "/")
+            await server.wait_until(lambda: len(server.requests) == 1)
+        gate.set()  # the request finishes after open_pool's block has exited
+    stats = pool.statistics()
+    assert (stats.idle, stats.closed_total) == (0, 1)
+    assert_quiet(pool)
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 async def test_chunked_and_content_length_bodies(fd_baseline: int, chunked: bool) -> None:
     body = bytes(range(256)) * 40

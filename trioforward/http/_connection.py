@@ -77,12 +77,6 @@ class Connection:
         probe.register(self.fd, _POLLIN)
         return bool(probe.poll(0))
 
-    @property
-    def reusable(self) -> bool:
-        """Both h11 sides DONE: the exchange ended cleanly and nobody asked to close."""
-        h = self.h11
-        return h.our_state is h11.DONE and h.their_state is h11.DONE
-
     def request_bytes(
         self,
         method: bytes,

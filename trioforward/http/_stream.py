@@ -15,7 +15,8 @@ from trioforward.http._models import Target
 from trioforward.http._phases import Attempt
 
 if TYPE_CHECKING:
-    from trioforward.http._pool import ConnectionPool, _Origin
+    from trioforward.http._pool import ConnectionPool
+    from trioforward.http._slots import _Origin
 
 __all__ = ["StreamContext", "StreamResponse"]
 
