@@ -40,6 +40,13 @@ def _check_open_files(burst: int) -> None:
         )
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Ctrl-C, possibly wrapped in trio's exception groups."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
+
+
 async def _main(opts: Options, tally: Tally, step: Step, bar: Progress) -> dict[str, Any]:
     task = bar.add_task("starting", total=opts.duration)
 
@@ -94,8 +101,14 @@ def demo(engine_count: int, duration: float, burst: int, port: int, external: tu
     tally = Tally()
     step = Step()
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
-        report = trio.run(_main, opts, tally, step, bar)
+    try:
+        with Progress(*columns, console=console, transient=False) as bar:
+            report = trio.run(_main, opts, tally, step, bar)
+    except BaseException as exc:
+        if _interrupted(exc):
+            console.print("[yellow]interrupted[/yellow]: no summary")
+            raise SystemExit(130) from None
+        raise
     render_summary(report, tally, console)
     if json_path == "-":
         sys.stdout.write(json.dumps(report, indent=2) + "\n")

@@ -134,7 +134,9 @@ def tinker_worker(
                 errors.append(f"{api} create_sampling_client: {exc}")
                 tally.record(api, start, False, f"create_sampling_client: {type(exc).__name__}: {exc}")
         seed = 0
-        while clients and not stop.is_set():
+        # At least one round even if the run is already over (a slow first import
+        # of the SDK on a fresh install can take that long): the demo must show it.
+        while clients:
             pending = []
             for api, sampler in clients:
                 for _ in range(4):
@@ -154,6 +156,8 @@ def tinker_worker(
                 except Exception as exc:
                     error = f"{type(exc).__name__}: {exc}"
                 tally.record(api, start, error is None, error)
+            if stop.is_set():
+                break
 
 
 async def trainer_loop(

@@ -15,6 +15,8 @@ from trioforward._settings import Settings
 
 __all__ = ["Gateway", "serve_gateway"]
 
+STARTUP_TIMEOUT = 30.0
+
 
 @dataclass(slots=True)
 class Gateway:
@@ -44,9 +46,14 @@ async def serve_gateway(settings: Settings, port: int = 0) -> AsyncIterator[Gate
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
     shutdown = trio.Event()
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            partial(serve, app, settings, bind=f"{settings.host}:{port}", shutdown_trigger=shutdown.wait)
-        )
+        # If the app's startup fails, Hypercorn logs it and keeps waiting for a
+        # startup that never completes: give up with a message instead of hanging.
+        with trio.move_on_after(STARTUP_TIMEOUT) as startup:
+            binds = await nursery.start(
+                partial(serve, app, settings, bind=f"{settings.host}:{port}", shutdown_trigger=shutdown.wait)
+            )
+        if startup.cancelled_caught:
+            raise RuntimeError(f"the gateway did not start within {STARTUP_TIMEOUT:.0f} s (see the log above)")
         try:
             yield Gateway(url=binds[0], app=app)
         finally:

@@ -84,15 +84,13 @@ async def _drive(opts: Options, fleet: Fleet, gateway: Gateway, tally: Tally, pr
         scenario: dict[str, Any] = {}
         t_start = tally.now()
         async with trio.open_nursery() as workers:
+            # The SDKs are synchronous: each runs in a worker thread until stop_threads.
+            # Abandoned on cancellation (Ctrl-C), so a stuck SDK call never blocks exit.
+            in_thread = partial(trio.to_thread.run_sync, abandon_on_cancel=True)
             for i in range(OPENAI_THREADS):
-                workers.start_soon(
-                    partial(trio.to_thread.run_sync, openai_worker, gateway.url, model, tally, stop_threads, i)
-                )
+                workers.start_soon(partial(in_thread, openai_worker, gateway.url, model, tally, stop_threads, i))
             workers.start_soon(
-                partial(
-                    trio.to_thread.run_sync,
-                    tinker_worker, gateway.url, model, model_path, tally, stop_threads, tinker_errors,
-                )
+                partial(in_thread, tinker_worker, gateway.url, model, model_path, tally, stop_threads, tinker_errors)
             )
             for i in range(TRAINER_LOOPS):
                 workers.start_soon(trainer_loop, http, gateway.url, model, tally, stop_loops, i)
@@ -174,9 +172,12 @@ async def _kill_restart(
     tally.record("admin", start, response.status_code == 200, f"drain: HTTP {response.status_code} {response.text[:200]}")
     progress.step = f"engine {victim}: killed"
     stopped_at = tally.now()
-    await fleet.stop(victim)
-    start = tally.now()
-    response = await http.post(url + "/admin/resume", json={"engines": [engine]})
+    try:
+        await fleet.stop(victim)
+    finally:
+        with trio.CancelScope(shield=True):
+            start = tally.now()
+            response = await http.post(url + "/admin/resume", json={"engines": [engine]})
     tally.record("admin", start, response.status_code == 200, f"resume: HTTP {response.status_code} {response.text[:200]}")
     await until(0.55)
     await fleet.start(victim)
@@ -195,9 +196,13 @@ async def _pause_resume(http: httpx.AsyncClient, url: str, tally: Tally, hold: f
     response = await http.post(url + "/admin/pause", json={"mode": "wait"})
     tally.record("admin", start, response.status_code == 200, f"pause: HTTP {response.status_code} {response.text[:200]}")
     paused_at = tally.now()
-    await trio.sleep(hold)
-    resumed_at = tally.now()
-    response = await http.post(url + "/admin/resume", json={})
+    try:
+        await trio.sleep(hold)
+    finally:
+        # Even when interrupted: a gateway left paused would hold every request forever.
+        with trio.CancelScope(shield=True):
+            resumed_at = tally.now()
+            response = await http.post(url + "/admin/resume", json={})
     tally.record("admin", resumed_at, response.status_code == 200, f"resume: HTTP {response.status_code} {response.text[:200]}")
     # Wait for the requests sent during the pause to come back before judging.
     await trio.sleep(min(2.0, hold))
@@ -236,7 +241,17 @@ def _report(
             "count": buckets[-1][1] if buckets else 0,
         }
 
-    checks = {"no failed requests": tally.total_failed == 0, "metrics served": metrics.status_code == 200}
+    expected = ["openai completions", "openai chat", "openai stream", "tinker base", "trainer (httpx)"]
+    if fleet.simulated:
+        expected.append("tinker lora")
+    if opts.burst:
+        expected.append("burst")
+    silent = [api for api in expected if tally.ok[api] + tally.failed[api] == 0]
+    checks = {
+        "no failed requests": tally.total_failed == 0,
+        "every client made requests" + (f" (none from {', '.join(silent)})" if silent else ""): not silent,
+        "metrics served": metrics.status_code == 200,
+    }
     if "pause" in scenario:
         checks["pause held dispatch"] = bool(scenario["pause"]["held"])
     return {
