@@ -82,6 +82,8 @@ def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> No
         )
     elif report["mode"] == "external":
         scenario.add_row("engine stopped and restarted", "skipped (real engines are never stopped by the demo)")
+    else:
+        scenario.add_row("engine stopped and restarted", "skipped (needs at least 2 engines)")
     b = report["scenario"].get("burst")
     if b:
         scenario.add_row("burst", f"{b['requests']} concurrent requests in {b['seconds']} s")
