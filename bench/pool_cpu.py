@@ -25,214 +25,24 @@ Writes bench/results/pool_cpu.json and bench/results/pool_cpu.png.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+try:  # `python bench/pool_cpu.py`, or bench/ on sys.path (bench/run_all.py)
+    import pool_cpu_peers as workers
+except ImportError:  # `python -m bench.pool_cpu`
+    from bench import pool_cpu_peers as workers  # type: ignore[no-redef]
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 PEERS = ("trioforward", "httpx", "aiohttp")
 DEFAULT_SIZES = (512, 2048, 8192, 16384)
-BODY = json.dumps(
-    {"model": "sim-base", "prompt": [1, 2, 3, 4], "max_tokens": 1, "temperature": 1.0}
-).encode()
-HEADERS = [(b"content-type", b"application/json")]
-TIMEOUT = 300.0
-
-
-def _raise_fd_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _quotas(n: int, total: int) -> list[int]:
-    """Split ``total`` requests over ``n`` tasks (at least one each)."""
-    base, extra = divmod(max(total, n), n)
-    return [base + (1 if i < extra else 0) for i in range(n)]
-
-
-# -- workers: one peer, one size, in its own process ---------------------------
-
-
-class _Progress:
-    """Requests completed in the current phase, and where its CPU clock started.
-
-    A wall-clock cap (``--max-seconds``, for peers whose cost grows with N) may end
-    a run early: the figure is then CPU over the requests completed so far
-    (a lower bound: the cost per request was still growing) and ``capped`` is set.
-    """
-
-    def __init__(self) -> None:
-        self.phase = "cold"
-        self.done = 0
-        self.cpu0 = time.process_time()
-        self.wall0 = time.perf_counter()
-        self.cold_us: float | None = None
-
-    def start_steady(self, n: int) -> None:
-        self.cold_us = (time.process_time() - self.cpu0) / max(self.done, 1) * 1e6
-        # Start the steady phase with no collector debt from the warm-up (every peer).
-        gc.collect()
-        self.phase, self.done = "steady", 0
-        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
-
-    def result(self, capped: bool) -> dict[str, Any]:
-        cpu = time.process_time() - self.cpu0
-        return {
-            "requests": self.done,
-            "cpu_s": cpu,
-            "wall_s": time.perf_counter() - self.wall0,
-            "cpu_per_request_us": cpu / max(self.done, 1) * 1e6,
-            "cold_cpu_per_request_us": self.cold_us,
-            "capped": capped,
-            "capped_in": self.phase if capped else None,
-        }
-
-
-async def _trio_phases(one: Any, n: int, total: int, max_seconds: float) -> dict[str, Any]:
-    """N tasks: each makes one warm-up request (opening the N connections), then all
-    start the steady phase together. The same tasks run both phases, so task
-    creation is not in the steady figure. ``one()`` is a peer's request coroutine.
-    """
-    import trio
-
-    progress = _Progress()
-    warm, go = trio.Event(), trio.Event()
-    left = [n]
-
-    async def run(quota: int) -> None:
-        await one()
-        progress.done += 1
-        left[0] -= 1
-        if not left[0]:
-            warm.set()
-        await go.wait()
-        for _ in range(quota):
-            await one()
-            progress.done += 1
-
-    with trio.move_on_after(max_seconds) as cap:
-        async with trio.open_nursery() as nursery:
-            for quota in _quotas(n, total):
-                nursery.start_soon(run, quota)
-            await warm.wait()
-            progress.start_steady(n)
-            go.set()
-    return progress.result(cap.cancelled_caught)
-
-
-async def _trioforward(url: str, n: int, total: int, max_seconds: float) -> dict[str, Any]:
-    import trio
-
-    from trioforward.http import open_pool
-
-    current_time = trio.current_time
-    async with open_pool(idle_expiry=600.0) as pool:
-        request = pool.request
-        headers: Any = HEADERS
-
-        async def one() -> None:
-            response = await request(
-                "POST", url, headers=headers, content=BODY, deadline=current_time() + TIMEOUT
-            )
-            if response.status != 200:
-                raise RuntimeError(f"status {response.status}")
-
-        result = await _trio_phases(one, n, total, max_seconds)
-        result["opened"] = pool.statistics().opened_total
-        return result
-
-
-async def _httpx(url: str, n: int, total: int, max_seconds: float) -> dict[str, Any]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=TIMEOUT) as client:
-
-        async def one() -> None:
-            response = await client.post(url, content=BODY, headers=HEADERS)
-            if response.status_code != 200:
-                raise RuntimeError(f"status {response.status_code}")
-
-        return await _trio_phases(one, n, total, max_seconds)
-
-
-async def _aiohttp(url: str, n: int, total: int, max_seconds: float) -> dict[str, Any]:
-    import asyncio
-
-    import aiohttp
-
-    headers = {"content-type": "application/json"}
-    progress = _Progress()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-
-        warm, go = asyncio.Event(), asyncio.Event()
-        left = [n]
-
-        async def one() -> None:
-            async with session.post(url, data=BODY, headers=headers) as response:
-                await response.read()
-                if response.status != 200:
-                    raise RuntimeError(f"status {response.status}")
-            progress.done += 1
-
-        async def run(quota: int) -> None:
-            await one()
-            left[0] -= 1
-            if not left[0]:
-                warm.set()
-            await go.wait()
-            for _ in range(quota):
-                await one()
-
-        async def phases() -> None:
-            tasks = [asyncio.ensure_future(run(q)) for q in _quotas(n, total)]
-            await warm.wait()
-            progress.start_steady(n)
-            go.set()
-            await asyncio.gather(*tasks)
-
-        try:
-            await asyncio.wait_for(phases(), max_seconds)
-        except TimeoutError:
-            return progress.result(True)
-        return progress.result(False)
-
-
-GC_MODES = {
-    # CPython's defaults: (700, 10, 10).
-    "default": None,
-    # What a long-running gateway process would set at start (same for every peer):
-    # young collections every 50k allocations instead of 700. With thousands of
-    # requests in flight every object a request keeps across an await survives
-    # several 700-allocation collections and is promoted, so CPython's defaults
-    # make the collector's share grow with N for any pool (docs/performance.md).
-    "tuned": (50_000, 20, 100),
-}
-
-
-def _worker(peer: str, url: str, n: int, total: int, max_seconds: float, gc_mode: str) -> None:
-    _raise_fd_limit()
-    thresholds = GC_MODES[gc_mode]
-    if thresholds is not None:
-        gc.set_threshold(*thresholds)
-    if peer == "aiohttp":
-        import asyncio
-
-        result = asyncio.run(_aiohttp(url, n, total, max_seconds))
-    else:
-        import trio
-
-        fn = _trioforward if peer == "trioforward" else _httpx
-        result = trio.run(fn, url, n, total, max_seconds)
-    print(json.dumps(result), flush=True)
+GC_MODES = workers.GC_MODES
 
 
 # -- the driver ------------------------------------------------------------------
@@ -267,15 +77,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="wall-clock cap of one peer run (then CPU/request over what completed)")
     parser.add_argument("--out", default=str(RESULTS / "pool_cpu.json"))
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--render-only", action="store_true",
+                        help="re-summarise, print and plot the JSON at --out without running")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        _worker(args.worker, args.url, args.n, args.requests, args.max_seconds, args.gc)
+        workers.run_worker(args.worker, args.url, args.n, args.requests, args.max_seconds, args.gc)
         return {}
 
-    _raise_fd_limit()
+    if args.render_only:
+        out = Path(args.out)
+        document = json.loads(out.read_text())
+        for summary in document["modes"].values():
+            summary.update(_summarise(summary["results"], document["sizes"],
+                                      list(summary["results"])))
+        document.update(_headline(document))
+        out.write_text(json.dumps(document, indent=2) + "\n")
+        print(format_table(document))
+        if not args.no_plot:
+            _plot(document, out.with_suffix(".png"))
+        return document
+
+    workers.raise_fd_limit()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     peers = [p for p in args.peers.split(",") if p]
     modes = [m for m in args.gc.split(",") if m]
@@ -321,10 +146,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "gc_thresholds": {m: GC_MODES[m] for m in modes},
         "modes": {m: _summarise(results[m], sizes, peers) for m in modes},
     }
+    document.update(_headline(document))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
-    print(format_tables(document))
+    print(format_table(document))
     if not args.no_plot:
         _plot(document, out.with_suffix(".png"))
     return document
@@ -350,19 +176,16 @@ def _summarise(
     return {"results": results, "ratio_to_aiohttp": ratios, "largest_over_smallest": flatness}
 
 
-def format_tables(document: dict[str, Any]) -> str:
-    """Markdown tables, one per GC mode: CPU us/request (ratio to aiohttp), and the
-    largest-N/smallest-N ratio. ``>=`` marks a run cut by ``--max-seconds``."""
+def format_table(document: dict[str, Any]) -> str:
+    """One Markdown table: CPU µs/request per peer, GC mode and N (ratio to aiohttp
+    under the same GC), and the largest-N/smallest-N ratio. ``≥`` marks a run cut
+    by ``--max-seconds`` (a lower bound)."""
     sizes = document["sizes"]
-    blocks = []
+    lines = ["| peer | GC | " + " | ".join(f"N={n}" for n in sizes)
+             + f" | {max(sizes)}/{min(sizes)} |",
+             "|---|---|" + "---:|" * (len(sizes) + 1)]
     for mode, summary in document["modes"].items():
         results = summary["results"]
-        thresholds = document["gc_thresholds"][mode]
-        title = "CPython default GC" if thresholds is None else f"gc.set_threshold{tuple(thresholds)}"
-        lines = [f"{title}:", "",
-                 "| peer | " + " | ".join(f"N={n}" for n in sizes)
-                 + f" | {max(sizes)}/{min(sizes)} |",
-                 "|---|" + "---:|" * (len(sizes) + 1)]
         for peer in results:
             cells = []
             for n in sizes:
@@ -376,9 +199,26 @@ def format_tables(document: dict[str, Any]) -> str:
                     shown += f" ({ratio:.2f}×)"
                 cells.append(shown)
             flat = summary["largest_over_smallest"][peer]
-            lines.append(f"| {peer} | " + " | ".join(cells) + (f" | {flat:.2f} |" if flat else " | - |"))
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+            lines.append(f"| {peer} | {mode} | " + " | ".join(cells)
+                         + (f" | {flat:.2f} |" if flat else " | - |"))
+    return "\n".join(lines)
+
+
+def _headline(document: dict[str, Any]) -> dict[str, Any]:
+    """Small top-level summaries (one line each on the generated page)."""
+    sizes = document["sizes"]
+    flat: dict[str, float | None] = {}
+    versus: dict[str, float | None] = {}
+    for mode, summary in document["modes"].items():
+        for peer, value in summary["largest_over_smallest"].items():
+            flat[f"{peer} gc={mode}"] = round(value, 3) if value else None
+        for n in sizes:
+            value = summary["ratio_to_aiohttp"].get("trioforward", {}).get(str(n))
+            versus[f"gc={mode} N={n}"] = round(value, 3) if value else None
+    return {
+        f"cpu_{max(sizes)}_over_{min(sizes)}": flat,
+        "trioforward_over_aiohttp": versus,
+    }
 
 
 def _plot(document: dict[str, Any], path: Path) -> None:
