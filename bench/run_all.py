@@ -222,18 +222,19 @@ def _module_doc(name: str) -> str:
     return " ".join(kept).replace("\n", " ").replace("``", "`")
 
 
-def _table(name: str, document: dict[str, Any]) -> str:
+def _table(name: str, document: dict[str, Any]) -> tuple[str, bool]:
+    """The results table, and whether the benchmark's own ``format_table`` made it."""
     try:
         module = importlib.import_module(f"bench.{name}")
         formatter = getattr(module, "format_table", None)
         if formatter is not None:
             text = str(formatter(document))
             if text.lstrip().startswith("|"):
-                return text
-            return "```\n" + text + "\n```"
+                return text, True
+            return "```\n" + text + "\n```", True
     except Exception:  # noqa: BLE001 - fall back to the generic layout
         pass
-    return generic_table(document)
+    return generic_table(document), False
 
 
 def _old_notes(text: str) -> dict[str, str]:
@@ -277,8 +278,13 @@ def render(selected: tuple[Bench, ...] = BENCHMARKS) -> str:
             out += ["_No results yet: run `python -m bench.run_all`._", ""]
         else:
             document = json.loads(path.read_text())
-            table = _table(bench.name, document)
-            out += [table, "", *_summary_lines(document, has_table=bool(table)), ""]
+            table, own = _table(bench.name, document)
+            if own:
+                # The benchmark chose its figures; add only its explanatory text fields.
+                text_fields = {k: v for k, v in document.items() if isinstance(v, str)}
+                out += [table, "", *_summary_lines(text_fields, has_table=True), ""]
+            else:
+                out += [table, "", *_summary_lines(document, has_table=bool(table)), ""]
             if path.with_suffix(".png").exists():
                 out += [f"![{bench.name}](../bench/results/{bench.name}.png)", ""]
         out += [f"<!-- notes:{bench.name} -->", notes.get(bench.name, "").rstrip("\n"), f"<!-- /notes:{bench.name} -->", ""]
