@@ -185,3 +185,46 @@ async def test_bad_request_and_unknown_sampler(fd_baseline: int) -> None:
             r = await http.get(f"/api/v1/samplers/{sampler}")
             assert r.json() == {"sampler_id": sampler, "base_model": "sim-base", "model_path": None}
         assert engine.requests == []
+
+
+async def test_fast_path_checks_api_keys_and_body_size(sdk_loop: None, fd_baseline: int) -> None:
+    import functools
+
+    import trio as _trio
+    from _tinker_harness import real_gateway, sdk_sample
+
+    from trioforward.sim import open_engine
+
+    async with (
+        open_engine(port=0) as engine,
+        real_gateway(engine.url, api_keys=("tml-good",), max_body_size=4096) as (url, _),
+    ):
+        async with httpx.AsyncClient(base_url=url) as http:
+            body = asample_body("s-x", 0)
+            for path in ("/api/v1/asample", "/api/v1/retrieve_future", "/api/v1/create_session"):
+                assert (await http.post(path, json=body)).status_code == 401
+                assert (
+                    await http.post(path, json=body, headers={"X-API-Key": "tml-bad"})
+                ).status_code == 401
+            big = asample_body(
+                "s-x", 0, prompt={"chunks": [{"type": "encoded_text", "tokens": list(range(5000))}]}
+            )
+            r = await http.post("/api/v1/asample", json=big, headers={"X-API-Key": "tml-good"})
+            assert r.status_code == 413
+            r = await http.post(
+                "/api/v1/retrieve_future", content=b"[1]", headers={"X-API-Key": "tml-good"}
+            )
+            assert r.status_code == 400
+        result = await _trio.to_thread.run_sync(
+            functools.partial(
+                sdk_sample,
+                url,
+                base_model="sim-base",
+                prompt=PROMPT,
+                num_samples=2,
+                max_tokens=4,
+                seed=1,
+                api_key="tml-good",
+            )
+        )
+        assert len(result.sequences) == 2

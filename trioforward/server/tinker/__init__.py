@@ -27,7 +27,13 @@ __all__ = [
 
 
 def install(app: Any) -> None:
-    """Register the ``/api/v1`` Tinker routes on ``app`` (a ``QuartTrio``)."""
+    """Register the ``/api/v1`` Tinker routes on ``app`` (a ``QuartTrio``), wrapping its
+    ``asgi_app`` with the fast path of the two hot calls (call before other ASGI wrappers
+    that must see every request first)."""
+    from trioforward.server.tinker._fastpath import TinkerFastPath
     from trioforward.server.tinker._routes import blueprint
 
     app.register_blueprint(blueprint)
+    # asample and retrieve_future (two requests per sample) are answered in front
+    # of Quart; every other route is a Quart view.
+    app.asgi_app = TinkerFastPath(app, app.asgi_app)

@@ -24,8 +24,9 @@ from typing import Any
 import orjson
 from quart import Blueprint, Response, request
 
-from trioforward.server.tinker._futures import Future, FutureGone, FutureUnknown, StoreFull
-from trioforward.server.tinker._requests import BadRequest, make_sampler, parse_sample
+from trioforward.server.tinker import _handlers as handlers
+from trioforward.server.tinker._futures import Future
+from trioforward.server.tinker._requests import BadRequest, make_sampler
 from trioforward.server.tinker._state import tinker_state
 from trioforward.server.tinker._wire import JSON, TRY_AGAIN
 
@@ -63,21 +64,13 @@ def _json(body: bytes | dict[str, Any], status: int = 200) -> Response:
 
 
 def _error(status: int, message: str, code: str) -> Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
-    return _json(body, status)
+    status, data = handlers.error(status, message, code)
+    return _json(data, status)
 
 
 async def _body() -> dict[str, Any]:
     raw = await request.get_data(cache=False, as_text=False)
-    if not raw:
-        return {}
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise BadRequest(f"body is not JSON: {err}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("body must be a JSON object")
-    return doc
+    return handlers.parse_json(raw if isinstance(raw, bytes) else raw.encode())
 
 
 async def _drain() -> None:
@@ -187,55 +180,22 @@ async def get_sampler(sampler_id: str) -> Response:
 
 @blueprint.route("/asample", methods=["POST"])
 async def asample() -> Response:
-    body = await _body()
-    state = tinker_state()
-    sampler_id = body.get("sampling_session_id")
-    if sampler_id is not None:
-        sampler = state.sampler(str(sampler_id))
-        if sampler is None:
-            return _error(404, f"unknown sampling session {sampler_id!r}", "not_found")
-    else:  # the older stateless form names the model in the request itself
-        sampler = make_sampler(
-            "",
-            0,
-            body.get("base_model") or None,
-            body.get("model_path") or None,
-            state.adapter_root,
-            state.registered_adapters(),
-        )
-        state.remember(sampler)
-    seq_id = body.get("seq_id")
-    key = (sampler.sampler_id, seq_id) if sampler_id is not None and seq_id is not None else None
-    future = state.store.lookup_key(key)
-    if future is None:
-        job = parse_sample(body, sampler)
-        try:
-            future, created = state.store.submit(key, job.num_samples)
-        except StoreFull as err:
-            return _error(429, f"gateway queue is full: {err}", "queue_full")
-        if created:
-            state.runner.submit(future, job)
-    return _json(
-        {"request_id": future.request_id, "sample_sequence_ids": future.sample_sequence_ids}
-    )
+    # Normally answered by the ASGI fast path (_fastpath.py) before Quart sees it.
+    status, data = handlers.asample(tinker_state(), await _body())
+    return _json(data, status)
 
 
 @blueprint.route("/retrieve_future", methods=["POST"])
 async def retrieve_future() -> Response:
-    body = await _body()
-    request_id = body.get("request_id")
-    if not isinstance(request_id, str):
-        raise BadRequest("request_id must be a string")
-    store = tinker_state().store
-    try:
-        future = await store.wait(request_id)
-    except FutureUnknown:
-        return _error(404, f"future {request_id!r} was never issued", "not_found")
-    except FutureGone:
-        return _error(410, f"future {request_id!r} is no longer held; resubmit", "gone")
+    # Normally answered by the ASGI fast path (_fastpath.py) before Quart sees it.
+    state = tinker_state()
+    found = handlers.lookup(state, await _body())
+    if not isinstance(found, Future):
+        return _json(found[1], found[0])
+    future = await state.store.wait(found.request_id)
     if future is None:
         return _json(TRY_AGAIN, 408)
-    return _deliver(store, future)
+    return _deliver(state.store, future)
 
 
 @blueprint.route("/cancel_future", methods=["POST"])

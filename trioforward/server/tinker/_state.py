@@ -15,7 +15,7 @@ from trioforward.server.tinker._futures import FutureStore
 from trioforward.server.tinker._requests import Sampler, sampler_from_id
 from trioforward.server.tinker._runner import SampleRunner
 
-__all__ = ["TinkerState", "tinker_state", "EXTRAS_KEY"]
+__all__ = ["TinkerState", "tinker_state", "state_of", "EXTRAS_KEY"]
 
 EXTRAS_KEY = "tinker"
 log = logging.getLogger("trioforward.tinker")
@@ -89,7 +89,11 @@ class TinkerState:
 
 def tinker_state() -> TinkerState:
     """The Tinker state of the app handling the current request (created on first use)."""
-    gateway = get_state()
+    return state_of(get_state())
+
+
+def state_of(gateway: GatewayState) -> TinkerState:
+    """The Tinker state kept in ``gateway.extras`` (created on first use)."""
     state: Any = gateway.extras.get(EXTRAS_KEY)
     if state is None:
         state = gateway.extras[EXTRAS_KEY] = TinkerState(gateway)
