@@ -12,6 +12,7 @@ import trio.testing
 from pool_testing import Exchange, assert_quiet, open_server
 
 from trioforward.http import open_pool
+from trioforward.http._connection import Connection
 
 
 async def test_sequential_requests_reuse_one_connection(fd_baseline: int) -> None:
@@ -62,6 +63,40 @@ async def test_newest_idle_connection_is_reused_first(fd_baseline: int) -> None:
             release[1].set()  # ... connection 1 parks last: it is the newest
         response = await pool.request("GET", server.url + "/")
         assert response.content == b"conn 1" and response.reused
+        assert_quiet(pool)
+
+
+async def test_checkout_probes_only_the_popped_connection(
+    fd_baseline: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """O(1) checkout: with 30 parked connections, one request probes exactly one."""
+    gate = trio.Event()
+    count = 30
+
+    async def handler(ex: Exchange) -> None:
+        if ex.request_index == 0:
+            if len(ex.server.requests) == count:
+                gate.set()
+            await gate.wait()
+        await ex.respond(200, b"ok")
+
+    async with open_server(handler) as server, open_pool() as pool:
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(pool.request, "GET", server.url + "/")
+        assert pool.statistics().idle == count
+        probes: list[int] = []
+        original = Connection.is_readable
+
+        def counting(self: Connection) -> bool:
+            probes.append(self.fd)
+            return original(self)
+
+        monkeypatch.setattr(Connection, "is_readable", counting)
+        for _ in range(5):
+            assert (await pool.request("GET", server.url + "/")).reused
+        assert len(probes) == 5 and len(set(probes)) == 1  # the newest, every time
+        assert pool.statistics().opened_total == count
         assert_quiet(pool)
 
 
