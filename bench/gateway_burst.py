@@ -116,7 +116,10 @@ async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     sessions = {
         t["name"]: aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            # 4 s: below the 5 s keep-alive of uvicorn and of the engines, so the
+            # generator never reuses a connection the server is closing (the
+            # keep-alive race would count as errors of the target).
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
             timeout=aiohttp.ClientTimeout(total=300),
         )
         for t in plan["targets"]
@@ -126,18 +129,29 @@ async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
             for target in plan["targets"]:
                 session, urls, pid = sessions[target["name"]], target["urls"], target["pid"]
                 await _burst(session, urls, size)  # warm-up: opens the connections
+                # Small bursts are repeated until `min_requests` were sent, so the
+                # CPU reading (10 ms ticks) is precise at every size.
+                rounds = max(1, -(-plan["min_requests"] // size))
                 cpu0 = process_cpu(pid) if pid else 0.0
-                wall, latencies, errors, kinds = await _burst(session, urls, size)
+                wall, latencies, errors, kinds = 0.0, [], 0, {}
+                for _ in range(rounds):
+                    w, lat, err, k = await _burst(session, urls, size)
+                    wall += w
+                    latencies += lat
+                    errors += err
+                    for name, count in k.items():
+                        kinds[name] = kinds.get(name, 0) + count
                 cpu = (process_cpu(pid) - cpu0) if pid else None
+                total = size * rounds
                 latencies.sort()
                 row = {
-                    "target": target["name"], "size": size, "errors": errors, "error_kinds": kinds,
-                    "wall_s": wall,
-                    "throughput_rps": size / wall,
+                    "target": target["name"], "size": size, "bursts": rounds, "requests": total,
+                    "errors": errors, "error_kinds": kinds, "wall_s": wall,
+                    "throughput_rps": total / wall,
                     "p50_ms": 1e3 * latencies[len(latencies) // 2] if latencies else None,
                     "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None,
                     "gateway_cpu_s": cpu,
-                    "cpu_per_request_us": (1e6 * cpu / size) if cpu is not None else None,
+                    "cpu_per_request_us": (1e6 * cpu / total) if cpu is not None else None,
                 }
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 out.append(row)
@@ -164,7 +178,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def run(sizes: list[int], n_engines: int, targets: list[str]) -> dict[str, Any]:
+def run(sizes: list[int], n_engines: int, targets: list[str], min_requests: int = 8192) -> dict[str, Any]:
     _raise_nofile()
     py = sys.executable
     procs: list[subprocess.Popen[bytes]] = []
@@ -200,7 +214,7 @@ def run(sizes: list[int], n_engines: int, targets: list[str]) -> dict[str, Any]:
             plan_targets.append({"name": "reference", "urls": [f"http://127.0.0.3:{port}"], "pid": proc.pid})
         if "direct" in targets:
             plan_targets.append({"name": "direct", "urls": engine_urls, "pid": None})
-        plan = {"sizes": sizes, "targets": plan_targets}
+        plan = {"sizes": sizes, "targets": plan_targets, "min_requests": min_requests}
         done = subprocess.run(
             [py, __file__, "--loadgen", json.dumps(plan)], cwd=ROOT, check=True, stdout=subprocess.PIPE
         )
@@ -214,6 +228,10 @@ def run(sizes: list[int], n_engines: int, targets: list[str]) -> dict[str, Any]:
         "engines": n_engines,
         "cpus": os.cpu_count(),
         "note": "reference = uvicorn (asyncio, h11; no uvloop/httptools installed) + FastAPI + aiohttp defaults",
+        "method": "per size and target: one warm-up burst, then bursts of `size` concurrent requests repeated "
+        "until >= min_requests; throughput = requests / summed burst wall time; gateway CPU = utime+stime "
+        "of the gateway process (/proc/PID/stat) over the measured bursts, per request",
+        "min_requests": min_requests,
         "results": rows,
         "ratios_to_reference": _ratios(rows),
         "cpu_flatness": _flatness(rows),
@@ -263,6 +281,28 @@ def _table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_table(report: dict[str, Any]) -> str:
+    """The results as a Markdown table (used by ``bench/run_all.py`` for docs/performance.md)."""
+    ratios = {(r["target"], r["size"]): r for r in report["ratios_to_reference"]}
+    lines = [
+        "| target | burst | requests | errors | req/s | p50 ms | p99 ms | gateway CPU µs/req | req/s vs ref | CPU vs ref |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def fmt(value: Any, spec: str) -> str:
+        return format(value, spec) if isinstance(value, (int, float)) else "–"
+
+    for row in report["results"]:
+        ratio = ratios.get((row["target"], row["size"]), {})
+        lines.append(
+            f"| {row['target']} | {row['size']} | {row.get('requests', row['size'])} | {row['errors']} | "
+            f"{fmt(row['throughput_rps'], '.0f')} | {fmt(row['p50_ms'], '.1f')} | {fmt(row['p99_ms'], '.1f')} | "
+            f"{fmt(row['cpu_per_request_us'], '.0f')} | {fmt(ratio.get('throughput_rps'), '.2f')} | "
+            f"{fmt(ratio.get('cpu_per_request_us'), '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
 def _plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -297,6 +337,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--sizes", default="64,256,1024,4096,8192", help="comma-separated burst sizes")
     parser.add_argument("--engines", type=int, default=2, help="simulated engines")
     parser.add_argument("--targets", default="trioforward,reference,direct")
+    parser.add_argument(
+        "--min-requests", type=int, default=8192, help="repeat smaller bursts until this many requests were sent"
+    )
     parser.add_argument("--out", default=str(RESULTS / "gateway_burst.json"))
     parser.add_argument("--loadgen", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -306,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(json.dumps(rows))
         return None
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    report = run(sizes, args.engines, [t.strip() for t in args.targets.split(",")])
+    report = run(sizes, args.engines, [t.strip() for t in args.targets.split(",")], args.min_requests)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -83,3 +83,29 @@ async def test_adapters_are_registered_and_listed_as_models(engine: Any, gateway
     by_id = {m["id"]: m for m in models.json()["data"]}
     assert by_id["lora-a"]["parent"] == "sim-base"
     assert "sim-base" in by_id
+
+
+async def test_pause_abort_ends_in_flight_requests_with_503(fd_baseline: int) -> None:
+    async with open_sim(decode_ms_per_token=50) as engine, open_gateway(engine.url) as gw:
+        results: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+
+            async def one() -> None:
+                body = {"model": "sim-base", "prompt": "x", "max_tokens": 1000}
+                results.append(await client.post("/v1/completions", json=body))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one)
+                with trio.fail_after(10):
+                    await engine.stats.wait_for(lambda s: s.running == 1)
+                paused = await client.post("/admin/pause", json={"mode": "abort"})
+                assert paused.status_code == 200
+            with trio.fail_after(10):
+                await engine.stats.wait_for(lambda s: s.aborted == 1)
+            await client.post("/admin/resume", json={})
+        assert await gw.pool_active() == 0
+    assert [r.status_code for r in results] == [503]
+    error = results[0].json()["error"]
+    assert error["code"] == "aborted"
+    assert error["engine"] == engine.url
+    assert generation_requests(engine) == 1

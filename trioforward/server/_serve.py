@@ -1,5 +1,9 @@
 """Running the app under Hypercorn's trio worker, programmatically (DESIGN §5).
 
+The worker loop is Hypercorn's, with a listener that accepts in batches
+(``_worker.py``: why ``hypercorn.trio.serve`` itself overflows the accept queue
+under bursts).
+
 ``hypercorn_config(settings)`` holds every Hypercorn choice the gateway makes for
 bursts and long generations; :func:`serve` runs an app until SIGTERM/SIGINT (or a
 given trigger) and then drains: the listening sockets close at once, idle
@@ -19,9 +23,10 @@ from typing import Any
 
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.utils import wrap_app
 
 from trioforward._settings import Settings
+from trioforward.server._worker import worker_serve
 
 __all__ = ["hypercorn_config", "serve", "somaxconn", "raise_open_files_limit", "tune_gc"]
 
@@ -125,10 +130,9 @@ async def serve(
     ``bind="127.0.0.1:0"`` picks a free port.
     """
     config = hypercorn_config(settings, bind=bind)
-    await hypercorn_serve(
-        app,
+    await worker_serve(
+        wrap_app(app, config.wsgi_max_body_size, "asgi"),
         config,
         shutdown_trigger=shutdown_trigger or _signalled,
         task_status=task_status,
-        mode="asgi",
     )
