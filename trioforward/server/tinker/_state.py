@@ -8,6 +8,7 @@ client and server-lifetime nursery, and dropped with the ``GatewayState``.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from trioforward.server._state import GatewayState, get_state
@@ -22,6 +23,9 @@ log = logging.getLogger("trioforward.tinker")
 
 # Workers when engines declare no capacity (engine_capacity = 0, unlimited).
 UNLIMITED_WORKERS = 16384
+# Samplers remembered at most (oldest forgotten first). Forgetting is harmless:
+# a sampler id describes itself and is decoded again when next used.
+MAX_SAMPLERS = 65536
 
 
 class TinkerState:
@@ -39,8 +43,8 @@ class TinkerState:
         )
         self.runner = SampleRunner(self.store, self.client, gateway.nursery, self._worker_limit)
         self._capacity = settings.engine_capacity
-        self._samplers: dict[str, Sampler] = {}
-        self._models: dict[str, None] = {}
+        self._samplers: OrderedDict[str, Sampler] = OrderedDict()
+        self._models: OrderedDict[str, None] = OrderedDict()
 
     def _worker_limit(self) -> int:
         if not self._capacity:
@@ -69,6 +73,10 @@ class TinkerState:
         self._samplers[sampler.sampler_id] = sampler
         self._models[sampler.base_model] = None
         self._models[sampler.model] = None
+        while len(self._samplers) > MAX_SAMPLERS:
+            self._samplers.popitem(last=False)
+        while len(self._models) > MAX_SAMPLERS:
+            self._models.popitem(last=False)
 
     def sampler(self, sampler_id: str) -> Sampler | None:
         """A known sampler, or one decoded from its self-describing id (after a restart)."""
