@@ -74,3 +74,20 @@ def test_bad_toml_is_a_usage_error(tmp_path: Path) -> None:
     config.write_text("no_such_knob = 1\n")
     with pytest.raises(click.UsageError, match="no_such_knob"):
         load_settings(str(config), (), {})
+
+
+def test_create_app_without_arguments_reads_config_file_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trioforward.server import create_app
+
+    config = tmp_path / "gw.toml"
+    config.write_text('engines = ["http://127.0.0.1:9001"]\nengine_capacity = 8\n')
+    monkeypatch.setenv("TRIOFORWARD_CONFIG", str(config))
+    monkeypatch.setenv("TRIOFORWARD_ENGINE_CAPACITY", "32")
+    monkeypatch.setenv("TRIOFORWARD_MAX_BODY_SIZE", "1000")
+    app = create_app()
+    settings = app.config["TRIOFORWARD_SETTINGS"]
+    assert settings.engines == ("http://127.0.0.1:9001",)
+    assert settings.engine_capacity == 32
+    assert app.config["MAX_CONTENT_LENGTH"] == 1000

@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["JSON_SORT_KEYS"] = False
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    app.config["TRIOFORWARD_SETTINGS"] = settings  # what the app was built with
 
     metrics = Metrics(lambda: _client_or_none(app))
     _install_lifespan(app, settings, metrics)
