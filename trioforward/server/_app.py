@@ -64,12 +64,9 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     from trioforward.server._routes import install_routes
 
     install_routes(app)
-    try:  # TODO(lead): drop the guard once the tinker package has landed.
-        from trioforward.server import tinker
-    except ImportError:
-        tinker = None  # type: ignore[assignment]
-    if tinker is not None and hasattr(tinker, "install"):
-        tinker.install(app)
+    from trioforward.server import tinker
+
+    tinker.install(app)
 
     app.asgi_app = OpenAIForwarder(app, app.asgi_app)  # type: ignore[method-assign,assignment]
     return app
