@@ -119,7 +119,7 @@ class Exchange:
             self.engine.stats.changed()
         try:
             await self._write(data)
-        except _Aborted:
+        except BaseException:  # _Aborted, or Cancelled by the EOF watcher
             if counted:
                 self.engine.stats.completed -= 1
                 self.engine.stats.changed()
@@ -248,14 +248,18 @@ async def _watched(
         aborted = True
         cancel.cancel()
 
+    finished = False
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch, nursery.cancel_scope)
         try:
             await handler
+            # The whole answer was written: an EOF seen meanwhile is the
+            # client closing after reading it, not an abort.
+            finished = True
         except _Aborted:
             aborted = True
         nursery.cancel_scope.cancel()
-    if aborted:
+    if aborted and not finished:
         raise _Aborted
 
 
