@@ -268,11 +268,14 @@ def render(selected: tuple[Bench, ...] = BENCHMARKS) -> str:
     for bench in selected:
         path = RESULTS / f"{bench.name}.json"
         out += [f"## {bench.title}", "", f"`bench/{bench.name}.py`: {_module_doc(bench.name)}", ""]
-        meta = runs.get(bench.name, {})
-        command = " ".join(["python", f"bench/{bench.name}.py", *meta.get("argv", bench.argv)])
-        took = f" — took {meta['seconds']:.0f} s" if meta.get("seconds") is not None else ""
-        out += [f"Command: `{command}`{took}.", ""]
-        if meta.get("error"):
+        meta = runs.get(bench.name)
+        if meta is not None:
+            command = " ".join(["python", f"bench/{bench.name}.py", *meta["argv"]])
+            out += [f"Command (run by `bench/run_all.py`): `{command}` — took {meta['seconds']:.0f} s.", ""]
+        else:
+            # Results from a standalone run: its arguments are not known here.
+            out += [f"Results of a standalone run of `bench/{bench.name}.py` (not of `bench/run_all.py`).", ""]
+        if meta is not None and meta.get("error"):
             out += [f"**This run failed:** `{meta['error']}`", ""]
         if not path.exists():
             out += ["_No results yet: run `python -m bench.run_all`._", ""]

@@ -41,6 +41,7 @@ def test_page_has_a_section_per_benchmark_and_keeps_notes(results: Path) -> None
         assert f"## {bench.title}" in page
     assert "## Machine" in page and "cores" in page
     assert "took 12 s" in page and "trioforward: 1.1" in page
+    assert "Results of a standalone run of `bench/pool_cpu.py`" in page
     assert "_No results yet" in page  # the benchmarks without JSON say so
     edited = page.replace("<!-- notes:gateway_burst -->\n", "<!-- notes:gateway_burst -->\nBecause.\n")
     run_all.DOC.write_text(edited)
