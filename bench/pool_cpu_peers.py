@@ -193,15 +193,16 @@ async def _aiohttp(url: str, n: int, total: int, max_seconds: float) -> dict[str
         return progress.finish()
 
 
-GC_MODES = {
+GC_MODES: dict[str, tuple[int, int, int] | None] = {
     # CPython's defaults: (700, 10, 10).
     "default": None,
-    # What a long-running gateway process would set at start (same for every peer):
-    # young collections every 50k allocations instead of 700. With thousands of
-    # requests in flight every object a request keeps across an await survives
-    # several 700-allocation collections and is promoted, so CPython's defaults
-    # make the collector's share grow with N for any pool (docs/performance.md).
-    "tuned": (50_000, 20, 100),
+    # What `trioforward serve` sets at start-up (trioforward/server/_serve.py,
+    # tune_gc: gc.freeze() then these thresholds). With thousands of requests in
+    # flight, every object a request keeps across an await survives the
+    # 700-allocation young collections and is promoted, so under CPython's
+    # defaults the collector's share grows with N for any pool
+    # (docs/performance.md). Applied to every peer alike.
+    "gateway": (20_000, 1_000, 100),
 }
 
 
@@ -209,6 +210,8 @@ def run_worker(peer: str, url: str, n: int, total: int, max_seconds: float, gc_m
     raise_fd_limit()
     thresholds = GC_MODES[gc_mode]
     if thresholds is not None:
+        gc.collect()
+        gc.freeze()
         gc.set_threshold(*thresholds)
     if peer == "aiohttp":
         import asyncio
