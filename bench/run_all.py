@@ -53,7 +53,7 @@ BENCHMARKS = (
     Bench("pool_cpu", "Connection pool: client CPU per request vs httpx and aiohttp",
           ("--sizes", "512,2048,8192", "--requests", "16384", "--max-seconds", "20")),
     Bench("gateway_burst", "Gateway bursts vs a reference forwarder and direct",
-          ("--sizes", "64,512,2048,8192",)),
+          ("--sizes", "64,256,1024,4096,8192")),
     Bench("dispatch_queueing", "32,768 requests with engine queueing", ()),
     Bench("futures_scale", "131,072 outstanding Tinker futures", ()),
 )
