@@ -153,8 +153,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             engine.kill()
             engine.wait()
+    given = sys.argv[1:] if argv is None else argv
     document = {
         "benchmark": "pool_cpu",
+        "command": " ".join(["python bench/pool_cpu.py", *given]),
         "unit": "client CPU microseconds per request (steady phase, keep-alive)",
         "sizes": sizes,
         "requests_per_run": args.requests,
