@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 from _tinker_harness import real_gateway, sdk_sample
+from prometheus_client.parser import text_string_to_metric_families
 
 from trioforward.sim import expected_prompt_logprobs, open_engine, sample
 
@@ -54,6 +55,17 @@ async def test_sdk_samples_base_model_with_stops_and_prompt_logprobs(
             assert math.isclose(got[i], want_prompt[i][str(PROMPT[i])]["logprob"], rel_tol=1e-6)
         assert completions(engine) == 1
         assert app.extensions["trioforward"].client.statistics().pool.active == 0
+        # The sample is in the gateway's request metrics like any OpenAI request.
+        families = {
+            s.name: s
+            for f in text_string_to_metric_families(
+                app.extensions["trioforward"].metrics.render().decode()
+            )
+            for s in f.samples
+            if s.labels.get("route") == "tinker_sample" or s.name.startswith("trioforward_engine_time")
+        }
+        assert families["trioforward_gateway_requests_total"].value == 1
+        assert families["trioforward_gateway_requests_total"].labels["status"] == "200"
 
 
 async def test_sdk_stop_token_ids(sdk_loop: None, fd_baseline: int) -> None:

@@ -79,8 +79,15 @@ def _engine_error_message(status: int, body: bytes) -> str:
     return f"engine answered {status}"
 
 
-async def run_sample(client: Any, job: SampleJob) -> tuple[bytes, str]:
+#: The route label Tinker samples carry in the gateway's request metrics.
+METRICS_ROUTE = "tinker_sample"
+
+
+async def run_sample(client: Any, job: SampleJob, metrics: Any = None) -> tuple[bytes, str]:
     """Forward one sample and encode its outcome. Never raises (except Cancelled).
+
+    ``metrics`` (the server's ``Metrics``, optional) observes the forward's
+    status, queue wait and engine time, like any OpenAI-path request.
 
     Category (``tinker.types.RequestErrorCategory``): an engine 4xx is the user's
     request (bad parameters, unknown model), except 408/429 (capacity); anything
@@ -96,11 +103,19 @@ async def run_sample(client: Any, job: SampleJob) -> tuple[bytes, str]:
             headers=[("X-Session-ID", job.session), _HEADERS_CT],
         )
     except TrioforwardError as err:
+        if metrics is not None:
+            metrics.observe(
+                METRICS_ROUTE, err.status, queue_time=err.queue_time, engine_time=err.engine_time
+            )
         return encode_error(f"{type(err).__name__}: {err.message}", "server"), JSON
     except Exception as err:  # a bug must fail one sample, not the server's nursery
         log.exception("tinker sample failed")
         return encode_error(f"gateway error: {type(err).__name__}: {err}", "server"), JSON
     status = response.status
+    if metrics is not None:
+        metrics.observe(
+            METRICS_ROUTE, status, queue_time=response.queue_time, engine_time=response.engine_time
+        )
     if not 200 <= status < 300:
         category = "user" if 400 <= status < 500 and status not in (408, 429) else "server"
         return encode_error(_engine_error_message(status, response.content), category), JSON
@@ -119,9 +134,15 @@ class SampleRunner:
     """
 
     def __init__(
-        self, store: FutureStore, client: Any, nursery: trio.Nursery, limit: Callable[[], int]
+        self,
+        store: FutureStore,
+        client: Any,
+        nursery: trio.Nursery,
+        limit: Callable[[], int],
+        metrics: Any = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.client = client
         self.nursery = nursery
         self.limit = limit
@@ -148,7 +169,7 @@ class SampleRunner:
         try:
             while self._queue:
                 future, job = self._queue.popleft()
-                body, content_type = await run_sample(self.client, job)
+                body, content_type = await run_sample(self.client, job, self.metrics)
                 self.store.resolve(future, body, content_type)
                 self.completed_total += 1
         finally:

@@ -41,7 +41,9 @@ class TinkerState:
             max_retained=settings.max_retained_futures,
             max_outstanding=settings.max_queued,
         )
-        self.runner = SampleRunner(self.store, self.client, gateway.nursery, self._worker_limit)
+        self.runner = SampleRunner(
+            self.store, self.client, gateway.nursery, self._worker_limit, gateway.metrics
+        )
         self._capacity = settings.engine_capacity
         self._samplers: OrderedDict[str, Sampler] = OrderedDict()
         self._models: OrderedDict[str, None] = OrderedDict()
