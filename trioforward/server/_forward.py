@@ -29,6 +29,7 @@ import orjson
 import trio
 
 from trioforward.errors import EngineRejected, TrioforwardError
+from trioforward.server import _gc
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, dispatch_error_body
 from trioforward.server._state import STATE_KEY, GatewayState
@@ -87,6 +88,9 @@ class OpenAIForwarder:
             return
         headers = {name: value for name, value in scope["headers"]}
         log = _Outcome(path)
+        guard = _gc.active  # pauses the collector during bursts (tune_gc installs it)
+        if guard is not None:
+            guard.enter()
         try:
             try:
                 if scope["method"] != "POST":
@@ -114,6 +118,8 @@ class OpenAIForwarder:
                     await _forward(state, path, data, body, forward_headers, session, send, log)
                 nursery.cancel_scope.cancel()
         finally:
+            if guard is not None:
+                guard.exit()
             log.finish(state)
 
 

@@ -26,6 +26,7 @@ from hypercorn.config import Config
 from hypercorn.utils import wrap_app
 
 from trioforward._settings import Settings
+from trioforward.server import _gc
 from trioforward.server._worker import worker_serve
 
 __all__ = ["hypercorn_config", "serve", "somaxconn", "raise_open_files_limit", "tune_gc"]
@@ -72,11 +73,14 @@ def tune_gc() -> None:
     collector only has exceptions' tracebacks to reclaim), so: freeze everything
     alive at startup (imports, the app) out of the collector's sight, collect the
     young generation every 20 000 net allocations instead of 700, and the older
-    generations rarely.
+    generations rarely. And while a burst is in flight (512+ data-plane requests)
+    automatic collection pauses altogether (``_gc.BurstGC``: at 8192 in flight the
+    young collections still cost ~100 µs per request, scanning live request state).
     """
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 1_000, 100)
+    _gc.install(_gc.BurstGC())
 
 
 def hypercorn_config(settings: Settings, *, bind: str | None = None) -> Config:
