@@ -242,6 +242,23 @@ def _validate(name: str, value: Any) -> None:
 def _validate_engine_url(url: str) -> None:
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
+    shape = "an engine URL must look like http://host:port"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a port that is not a number or out of range
+    except ValueError as exc:
+        raise SettingsError("engines", url, f"{shape} ({exc})") from None
     if parts.scheme != "http" or not parts.hostname:
-        raise SettingsError("engines", url, "an engine URL must look like http://host:port")
+        raise SettingsError("engines", url, shape)
+    if port == 0:
+        raise SettingsError("engines", url, f"{shape} (port 0)")
+    if parts.username is not None or parts.password is not None:
+        raise SettingsError("engines", url, f"{shape} (credentials in URLs are not supported)")
+    if parts.query or parts.fragment:
+        raise SettingsError("engines", url, f"{shape} (no query or fragment)")
+    if parts.path.rstrip("/").endswith("/v1"):
+        # The gateway appends /v1/completions itself: an OpenAI base URL would
+        # send every request to /v1/v1/completions.
+        raise SettingsError(
+            "engines", url, f"{shape}: give the engine's root, not its OpenAI base URL (drop /v1)"
+        )

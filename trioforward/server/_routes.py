@@ -64,6 +64,17 @@ def _engine_list(data: dict[str, Any]) -> list[str] | None:
     return [e.rstrip("/") for e in engines]
 
 
+def _known_engines(state: GatewayState, data: dict[str, Any]) -> list[str] | None:
+    """``data["engines"]``, each one registered (404 ``engine_not_found`` otherwise)."""
+    engines = _engine_list(data)
+    if engines is not None:
+        known = {e.url for e in state.client.engines.list()}
+        for url in engines:
+            if url not in known:
+                raise RequestError(404, f"no engine {url}", code="engine_not_found", param="engines")
+    return engines
+
+
 def _url(value: object) -> str:
     if not isinstance(value, str):
         raise bad_request("'url' must be an engine URL (http://host:port)", "url")
@@ -166,7 +177,10 @@ def install_routes(app: QuartTrio) -> None:
     async def add_engine() -> Response:
         state = get_state()
         url = _url((await _body()).get("url"))
-        state.client.engines.add(url)
+        try:
+            state.client.engines.add(url)
+        except ValueError as exc:  # a URL the HTTP layer cannot use
+            raise bad_request(str(exc), "url") from None
         return _json(_engines_json(state), 201)
 
     @app.delete("/admin/engines")
@@ -185,13 +199,13 @@ def install_routes(app: QuartTrio) -> None:
         mode = data.get("mode", "wait")
         if mode not in ("wait", "abort"):
             raise bad_request('\'mode\' must be "wait" or "abort"', "mode")
-        await state.client.pause(engines=_engine_list(data), mode=mode)
+        await state.client.pause(engines=_known_engines(state, data), mode=mode)
         return _json(_engines_json(state))
 
     @app.post("/admin/resume")
     async def resume() -> Response:
         state = get_state()
-        await state.client.resume(engines=_engine_list(await _body()))
+        await state.client.resume(engines=_known_engines(state, await _body()))
         return _json(_engines_json(state))
 
     @app.get("/admin/adapters")

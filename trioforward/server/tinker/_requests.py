@@ -101,6 +101,10 @@ def make_sampler(
     registered: set[str] | dict[str, str],
 ) -> Sampler:
     """The sampler a ``create_sampling_session`` asks for (same inputs -> same id)."""
+    if base_model is not None and not isinstance(base_model, str):
+        raise BadRequest("base_model must be a string")
+    if model_path is not None and not isinstance(model_path, str):
+        raise BadRequest("model_path must be a string")
     if not base_model and not model_path:
         raise BadRequest("create_sampling_session needs base_model or model_path")
     ident = _b64(orjson.dumps([session_id, seq, base_model, model_path]))

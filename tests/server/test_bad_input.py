@@ -1,0 +1,73 @@
+"""Bad input a newcomer sends gets a clear 4xx JSON error (or exit 2), never a 500 or a crash."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from gateway_harness import Gateway
+
+from trioforward.cli import main
+from trioforward.server.tinker._requests import BadRequest, make_sampler
+
+BAD_ENGINE_URLS = [
+    "http://127.0.0.1:99999",  # port out of range
+    "http://127.0.0.1:abc",  # port not a number
+    "http://127.0.0.1:0",
+    "http://user:pw@127.0.0.1:8001",  # credentials
+    "http://[::1",  # unclosed IPv6 bracket
+    "http://127.0.0.1:8001/v1",  # the OpenAI base URL, not the engine's root
+    "http://127.0.0.1:8001/?x=1",
+]
+
+
+@pytest.mark.parametrize("url", BAD_ENGINE_URLS)
+def test_serve_rejects_a_bad_engine_url_with_exit_2(url: str) -> None:
+    result = CliRunner().invoke(main, ["serve", "--engine", url])
+    assert result.exit_code == 2, result.output
+    assert "an engine URL must look like http://host:port" in result.output
+
+
+async def test_admin_add_engine_rejects_bad_urls_with_400(engine: Any, gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        for url in BAD_ENGINE_URLS:
+            response = await client.post("/admin/engines", json={"url": url})
+            assert response.status_code == 400, (url, response.text)
+            assert response.json()["error"]["param"] == "url"
+        listed = await client.get("/admin/engines")
+    assert [e["url"] for e in listed.json()["engines"]] == [engine.url]
+
+
+async def test_pause_and_resume_of_an_unknown_engine_are_404(engine: Any, gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        for path in ("/admin/pause", "/admin/resume"):
+            response = await client.post(path, json={"engines": ["http://127.0.0.1:9"]})
+            assert response.status_code == 404, (path, response.text)
+            assert response.json()["error"]["code"] == "engine_not_found"
+        listed = await client.get("/admin/engines")
+    assert listed.json()["engines"][0]["paused"] is False
+
+
+@pytest.mark.parametrize(("field", "value"), [("base_model", 5), ("model_path", 5), ("model_path", ["x"])])
+def test_make_sampler_rejects_non_string_models(field: str, value: object) -> None:
+    kwargs: dict[str, Any] = {"base_model": None, "model_path": None}
+    kwargs[field] = value
+    with pytest.raises(BadRequest, match=f"{field} must be a string"):
+        make_sampler("", 0, adapter_root="/tmp", registered=set(), **kwargs)
+
+
+async def test_tinker_non_string_model_is_a_400_json_error(engine: Any, gateway: Gateway) -> None:
+    sample = {
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+        "num_samples": 1,
+        "sampling_params": {"max_tokens": 2},
+    }
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        for field in ("base_model", "model_path"):
+            response = await client.post("/api/v1/asample", json={field: 5, **sample})
+            assert response.status_code == 400, (field, response.text)
+            assert response.json()["error"]["message"] == f"{field} must be a string"
+            response = await client.post("/api/v1/create_sampling_session", json={field: 5})
+            assert response.status_code == 400, (field, response.text)
