@@ -13,7 +13,8 @@ them to ``trio.serve_listeners`` without further syscalls or scheduler passes.
 :func:`worker_serve` is ``hypercorn.trio.run.worker_serve`` (Hypercorn 0.18, MIT
 licence) reduced to plain TCP (no TLS, no QUIC — the gateway serves plain HTTP
 behind whatever terminates TLS) with that listener swapped in; the protocol
-handling (``TCPServer``), lifespan and graceful shutdown are Hypercorn's own.
+handling, lifespan and graceful shutdown are Hypercorn's own, except for the
+keep-alive timer (:class:`KeepAliveTCPServer`).
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
+from math import inf
+from typing import Any
 
 import trio
 from hypercorn.config import Config
+from hypercorn.events import Closed, RawData
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr
 
-__all__ = ["BurstListener", "worker_serve"]
+__all__ = ["BurstListener", "KeepAliveTCPServer", "worker_serve"]
 
 # Errors that mean "out of descriptors/memory right now": trio.serve_listeners logs
 # them and retries after 100 ms; anything else ends the server.
@@ -85,6 +89,95 @@ class BurstListener(trio.abc.Listener[trio.SocketStream]):
         await trio.lowlevel.checkpoint()
 
 
+class _IdleDeadline:
+    """Stands in for Hypercorn's ``TrioSingleTask`` idle timer of one connection:
+    ``restart`` (connection idle) sets the deadline of the connection's read,
+    ``stop`` (a request started) lifts it. No task, lock or scheduler pass."""
+
+    __slots__ = ("server",)
+
+    def __init__(self, server: KeepAliveTCPServer) -> None:
+        self.server = server
+
+    async def restart(self, task_group: Any, action: Any) -> None:
+        server = self.server
+        server.idle_since = trio.current_time()
+        if server.reading:
+            server.idle_set.add(server)
+        if server.context.terminated.is_set():
+            server.set_read_deadline(-inf)
+        else:
+            server.set_read_deadline(server.idle_since + server.config.keep_alive_timeout)
+
+    async def stop(self) -> None:
+        server = self.server
+        server.idle_since = None
+        server.idle_set.discard(server)
+        server.set_read_deadline(inf)
+
+
+class KeepAliveTCPServer(TCPServer):
+    """Hypercorn's ``TCPServer`` with the keep-alive timeout as the deadline of the
+    connection's pending read instead of a timer task.
+
+    Hypercorn restarts a timer task per request (``TrioSingleTask.restart``: a
+    lock, ``nursery.start`` of a new task, cancellation of the previous one, and a
+    deadline in trio's timer heap), about a quarter of the scheduler steps of a
+    request. Here the connection's read loop, which is always waiting on the
+    socket anyway, carries the timeout: when the connection goes idle its read
+    gets the deadline ``now + keep_alive_timeout``; a request lifts it. When it
+    expires while idle the connection is closed as Hypercorn's timer would
+    (``_initiate_server_close``, shielded). On graceful shutdown
+    :func:`worker_serve` cancels the reads of every idle connection (Hypercorn's
+    timer waits on ``context.terminated`` for that), and a connection going idle
+    afterwards closes at once. With ``config.read_timeout`` set it behaves
+    exactly like ``TCPServer``.
+    """
+
+    def __init__(self, *args: Any, idle_set: set[KeepAliveTCPServer]) -> None:
+        super().__init__(*args)
+        self.idle_set = idle_set
+        self.idle_since: float | None = None
+        self.reading = True  # False once the read loop has ended
+        self._read_deadline = inf
+        self._read_scope: trio.CancelScope | None = None
+        if self.config.read_timeout is None:
+            self.idle_task = _IdleDeadline(self)  # type: ignore[assignment]
+
+    def set_read_deadline(self, deadline: float) -> None:
+        self._read_deadline = deadline
+        if self._read_scope is not None:
+            self._read_scope.deadline = deadline
+
+    async def _read_data(self) -> None:
+        if not isinstance(self.idle_task, _IdleDeadline):
+            await super()._read_data()
+            return
+        try:
+            while True:
+                scope = self._read_scope = trio.CancelScope(deadline=self._read_deadline)
+                try:
+                    with scope:
+                        data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    break
+                finally:
+                    self._read_scope = None
+                if scope.cancelled_caught:
+                    if self.idle_since is None:
+                        continue  # a request started just as the deadline passed
+                    with trio.CancelScope(shield=True):
+                        await self._initiate_server_close()
+                    break
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    break
+        finally:
+            self.reading = False
+            self.idle_set.discard(self)
+        await self.protocol.handle(Closed())
+
+
 async def worker_serve(
     app: AppWrapper,
     config: Config,
@@ -99,6 +192,7 @@ async def worker_serve(
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(app, config, lifespan_state)
     context = WorkerContext(None)
+    idle: set[KeepAliveTCPServer] = set()  # connections between requests
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
@@ -123,7 +217,14 @@ async def worker_serve(
                     nursery.start_soon(
                         partial(
                             trio.serve_listeners,
-                            partial(TCPServer, app, config, context, ConnectionState(lifespan_state.copy())),
+                            partial(
+                                KeepAliveTCPServer,
+                                app,
+                                config,
+                                context,
+                                ConnectionState(lifespan_state.copy()),
+                                idle_set=idle,
+                            ),
                             listeners,
                             handler_nursery=server_nursery,
                         ),
@@ -135,6 +236,8 @@ async def worker_serve(
                     raise other_errors from None
             finally:
                 await context.terminated.set()
+                for server in list(idle):  # idle keep-alive connections close now
+                    server.set_read_deadline(-inf)
                 server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
 
         await lifespan.wait_for_shutdown()
