@@ -94,3 +94,21 @@ async def test_stalled_health_endpoint_counts_as_failure(
             await wait_health(client, engine.url, False)
             engine.faults.pause_accept = False
             await wait_health(client, engine.url, True)
+
+
+async def test_ejection_and_readmission_are_logged(
+    fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="trioforward.dispatch")
+    async with open_engine() as e1, open_engine() as e2:
+        async with client_for(e1, e2, health_interval=0.02, health_failures=2) as client:
+            e1.faults.health_status = 503
+            await wait_health(client, e1.url, False)
+            e1.faults.health_status = 200
+            await wait_health(client, e1.url, True)
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "trioforward.dispatch"]
+    assert (
+        "INFO",
+        f"engine {e1.url} ejected after 2 consecutive failures; 1 of 2 engine(s) healthy",
+    ) in messages
+    assert ("INFO", f"engine {e1.url} healthy again (re-admitted)") in messages

@@ -14,6 +14,7 @@ engine's own waiters, once, at the state change — never per request.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from trioforward.dispatch._request import Request
 
 __all__ = ["Engine", "EngineInfo", "Registry"]
+
+log = logging.getLogger("trioforward.dispatch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +253,16 @@ class Registry:
             engine.healthy = False
             engine.forget_adapters()
             self._refresh(engine)
+            # Without this line an operator sees nothing: requests for an
+            # ejected engine wait in QUEUED, they do not fail. (INFO, the
+            # gateway's default level: the demo kills an engine on purpose.)
+            log.info(
+                "engine %s ejected after %d consecutive failures; %d of %d engine(s) healthy",
+                engine.url,
+                engine.consecutive_failures,
+                sum(e.healthy for e in self.engines),
+                len(self.engines),
+            )
 
     def record_success(self, engine: Engine, *, probe: bool) -> None:
         """The engine answered. Only health probes re-admit an ejected engine."""
@@ -261,6 +274,7 @@ class Registry:
             engine.healthy = True
             engine.forget_adapters()  # it may be a restarted process
             self._refresh(engine)
+            log.info("engine %s healthy again (re-admitted)", engine.url)
 
     # -- waiting for any eligible engine ----------------------------------------
 
