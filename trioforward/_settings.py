@@ -97,6 +97,8 @@ class Settings:
             raise SettingsError("log_level", self.log_level, f"must be one of {', '.join(LOG_LEVELS)}")
         if not 0 < self.port < 65536:
             raise SettingsError("port", self.port, "must be in 1..65535")
+        if self.max_body_size < 1:  # not "0 = unlimited" as elsewhere: 0 refused every body
+            raise SettingsError("max_body_size", self.max_body_size, "must be >= 1")
         for url in self.engines:
             _validate_engine_url(url)
 

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 from gateway_harness import Gateway
 
+from trioforward._settings import Settings, SettingsError
 from trioforward.cli import main
 from trioforward.server.tinker._requests import BadRequest, make_sampler
 
@@ -28,6 +29,12 @@ def test_serve_rejects_a_bad_engine_url_with_exit_2(url: str) -> None:
     result = CliRunner().invoke(main, ["serve", "--engine", url])
     assert result.exit_code == 2, result.output
     assert "an engine URL must look like http://host:port" in result.output
+
+
+def test_a_zero_body_limit_is_rejected() -> None:
+    # Elsewhere 0 means unlimited; here it made every POST a 413.
+    with pytest.raises(SettingsError, match="'max_body_size': must be >= 1"):
+        Settings(max_body_size=0)
 
 
 async def test_admin_add_engine_rejects_bad_urls_with_400(engine: Any, gateway: Gateway) -> None:
