@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 from click.testing import CliRunner
 from gateway_harness import Gateway
 
@@ -78,3 +79,16 @@ async def test_tinker_non_string_model_is_a_400_json_error(engine: Any, gateway:
             assert response.json()["error"]["message"] == f"{field} must be a string"
             response = await client.post("/api/v1/create_sampling_session", json={field: 5})
             assert response.status_code == 400, (field, response.text)
+
+
+async def test_access_log_names_the_method_of_a_405(
+    engine: Any, gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="trioforward.access")
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        response = await client.get("/v1/completions")
+    assert response.status_code == 405
+    with trio.fail_after(5):  # the line is written once the response has gone out
+        while not (lines := [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]):
+            await trio.sleep(0.01)
+    assert lines[0].startswith("GET /v1/completions 405 "), lines

@@ -87,7 +87,7 @@ class OpenAIForwarder:
             )
             return
         headers = {name: value for name, value in scope["headers"]}
-        log = _Outcome(path)
+        log = _Outcome(path, scope["method"])
         guard = _gc.active  # pauses the collector during bursts (tune_gc installs it)
         if guard is not None:
             guard.enter()
@@ -288,6 +288,7 @@ class _Outcome:
 
     __slots__ = (
         "route",
+        "method",
         "status",
         "engine",
         "attempts",
@@ -297,8 +298,9 @@ class _Outcome:
         "complete",
     )
 
-    def __init__(self, route: str) -> None:
+    def __init__(self, route: str, method: str = "POST") -> None:
         self.route = route
+        self.method = method  # a GET answered 405 is logged as a GET
         self.status = 500
         self.engine: str | None = None
         self.attempts = 0
@@ -330,7 +332,8 @@ class _Outcome:
             )
         if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(
-                "POST %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s",
+                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s",
+                self.method,
                 self.route,
                 self.status,
                 self.engine or "-",
