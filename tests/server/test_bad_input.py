@@ -7,6 +7,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.lowlevel
+import trio.testing
 from click.testing import CliRunner
 from gateway_harness import Gateway
 
@@ -90,5 +92,6 @@ async def test_access_log_names_the_method_of_a_405(
     assert response.status_code == 405
     with trio.fail_after(5):  # the line is written once the response has gone out
         while not (lines := [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]):
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.lowlevel.checkpoint()
     assert lines[0].startswith("GET /v1/completions 405 "), lines
