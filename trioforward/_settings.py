@@ -50,6 +50,7 @@ class Settings:
     max_connections_per_engine: int | None = _knob(None, "connection slots per engine; unset = engine_capacity; 0 = unlimited", "connections")
     idle_expiry: float = _knob(4.0, "idle keep-alive connections older than this are closed, not reused (below the engines' 5 s)", "s")
     queue_timeout: float | None = _knob(None, "longest wait for engine capacity (QUEUED); never charged to other budgets", "s")
+    unhealthy_timeout: float | None = _knob(60.0, "longest a request waits while no engine is healthy (paused ones count as healthy); unset = forever", "s")
     connect_timeout: float | None = _knob(60.0, "longest TCP connect to an engine (a saturated engine accepts slowly)", "s")
     dispatch_timeout: float | None = _knob(2048.0, "from capacity acquired until the response is complete; covers every retry", "s")
     read_timeout: float | None = _knob(None, "longest silence between body bytes", "s")

@@ -7,6 +7,7 @@ import trio
 from dispatch_testing import COMPLETION, body, client_for, completions
 
 from trioforward.dispatch import Client
+from trioforward.errors import NoEngineAvailable
 from trioforward.sim import open_engine
 
 
@@ -112,3 +113,44 @@ async def test_ejection_and_readmission_are_logged(
         f"engine {e1.url} ejected after 2 consecutive failures; 1 of 2 engine(s) healthy",
     ) in messages
     assert ("INFO", f"engine {e1.url} healthy again (re-admitted)") in messages
+
+
+async def test_no_healthy_engine_fails_after_unhealthy_timeout_not_never(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A dead fleet must not hold requests forever: after `unhealthy_timeout` the
+    # caller gets NoEngineAvailable (503) and the engine saw no attempt.
+    async with (
+        open_engine() as engine,
+        client_for(engine, health_interval=0.5, health_failures=1, unhealthy_timeout=30.0) as client,
+    ):
+        engine.faults.health_status = 503
+        await wait_health(client, engine.url, False)
+        start = trio.current_time()
+        with pytest.raises(NoEngineAvailable) as info:
+            await client.post(COMPLETION, json=body())
+        assert trio.current_time() - start == pytest.approx(30.0, abs=0.6)
+        assert "unhealthy_timeout" in str(info.value) and info.value.status == 503
+        assert info.value.attempts == 0 and completions(engine) == 0
+
+
+async def test_a_paused_fleet_is_waited_out_without_the_unhealthy_bound(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A weight-update pause is not a failure: requests wait past unhealthy_timeout.
+    async with (
+        open_engine() as engine,
+        client_for(engine, health_interval=0.5, unhealthy_timeout=1.0) as client,
+    ):
+        await client.pause()
+        async with trio.open_nursery() as nursery:
+            statuses: list[int] = []
+
+            async def one() -> None:
+                statuses.append((await client.post(COMPLETION, json=body())).status)
+
+            nursery.start_soon(one)
+            await trio.sleep(10.0)  # virtual time: ten times the unhealthy bound
+            assert statuses == [] and client.statistics().queued == 1
+            await client.resume()
+        assert statuses == [200] and completions(engine) == 1

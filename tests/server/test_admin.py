@@ -20,6 +20,29 @@ async def test_health(engine: Any, gateway: Gateway) -> None:
     assert response.json()["engines"] == 1
 
 
+async def test_health_degraded_and_503_when_no_engine_is_healthy(fd_baseline: int) -> None:
+    # A dead engine: the gateway says "degraded" and requests fail with a 503
+    # naming the bound after unhealthy_timeout instead of waiting forever.
+    async with open_sim() as engine, open_gateway(
+        engine.url, health_interval=0.05, health_failures=1, unhealthy_timeout=0.3
+    ) as gw:
+        await engine.stop_listening()
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            dispatch = gw.app.extensions["trioforward"].client
+            with trio.fail_after(10):
+                while dispatch.engines.list()[0].healthy:  # no checkpoint before the wait
+                    await dispatch._registry.wait_changed()
+            health = (await client.get("/health")).json()
+            assert health["status"] == "degraded"
+            assert health["healthy_engines"] == 0 and health["engines"] == 1
+            with trio.fail_after(10):
+                response = await client.post("/v1/completions", json=BODY)
+            assert response.status_code == 503
+            error = response.json()["error"]
+            assert error["code"] == "no_engine_available" and "unhealthy_timeout" in error["message"]
+            assert error["attempts"] == 0
+
+
 async def test_add_and_remove_engines(engine: Any, fd_baseline: int) -> None:
     async with open_sim() as second, open_gateway(engine.url) as gw:
         async with httpx.AsyncClient(base_url=gw.url) as client:

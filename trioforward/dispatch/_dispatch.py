@@ -86,6 +86,7 @@ class Dispatcher:
             _inf if settings.dispatch_timeout is None else settings.dispatch_timeout
         )
         self.queue_timeout = settings.queue_timeout
+        self.unhealthy_timeout = settings.unhealthy_timeout
         self.read_timeout = settings.read_timeout
         self.max_queued = settings.max_queued
         self.requests_total = 0
@@ -122,19 +123,30 @@ class Dispatcher:
         registry = self.registry
         woken = False
         waited = False
+        unhealthy_since: float | None = None
         while True:
             engine = self.router.pick(registry.engines, session=req.session, avoid=avoid)
             if engine is None:
                 if not registry.engines:
                     raise NoEngineAvailable("no engine is registered")
-                if trio.current_time() >= queue_deadline:
-                    raise NoEngineAvailable("no healthy, unpaused engine (queue_timeout passed)")
+                deadline, why = queue_deadline, "queue_timeout"
+                if self.unhealthy_timeout is not None and not registry.any_healthy_paused():
+                    # Nothing to wait for but a failed engine coming back: unlike a
+                    # capacity queue or a weight-update pause this wait has no
+                    # progress guarantee, so it gets its own bound.
+                    if unhealthy_since is None:
+                        unhealthy_since = trio.current_time()
+                    if unhealthy_since + self.unhealthy_timeout < deadline:
+                        deadline, why = unhealthy_since + self.unhealthy_timeout, "unhealthy_timeout"
+                message = f"no healthy engine ({len(registry.engines)} registered) before {why} passed"
+                if trio.current_time() >= deadline:
+                    raise NoEngineAvailable(message)
                 waited = True
-                with trio.CancelScope(deadline=queue_deadline):
+                with trio.CancelScope(deadline=deadline):
                     await registry.wait_eligible()
                     woken = True
                     continue
-                raise NoEngineAvailable("no healthy, unpaused engine before queue_timeout")
+                raise NoEngineAvailable(message)
             if woken:
                 registry.wake()  # hand the wake-up on: parked requests leave in FIFO order
                 woken = False

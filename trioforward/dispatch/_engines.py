@@ -231,6 +231,10 @@ class Registry:
                 self._changed.set()
                 self._changed = None
 
+    def any_healthy_paused(self) -> bool:
+        """Whether some engine is only paused (healthy, registered): O(engines)."""
+        return any(e.healthy and e.paused and not e.removed for e in self.engines)
+
     async def wait_changed(self) -> None:
         """Return at the next change of any engine's eligibility (health, pause, removal)."""
         if self._changed is None:

@@ -138,11 +138,15 @@ def install_routes(app: QuartTrio) -> None:
         if state is None:
             return _json({"status": "starting"}, 503)
         engines = state.client.engines.list()
+        healthy = sum(1 for e in engines if e.healthy)
+        # 200 either way: the gateway itself is up. "degraded" tells an operator
+        # that requests are waiting for an engine (up to unhealthy_timeout).
         return _json(
             {
-                "status": "ok",
+                "status": "ok" if healthy or not engines else "degraded",
                 "engines": len(engines),
-                "healthy_engines": sum(1 for e in engines if e.healthy and not e.paused),
+                "healthy_engines": healthy,
+                "dispatchable_engines": sum(1 for e in engines if e.healthy and not e.paused),
             }
         )
 
