@@ -7,6 +7,7 @@ files limit), with a small burst so it fits the test suite's budget on 2 cores.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,31 @@ def test_demo_help_lists_its_flags() -> None:
     assert done.returncode == 0
     for flag in ("--engines", "--duration", "--json", "--engine", "--burst", "--port"):
         assert flag in done.stdout
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", CLI, "demo", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_demo_refuses_a_taken_port_and_a_missing_json_directory(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _demo("--port", str(port), "--duration", "5")
+    assert done.returncode == 2 and "is not free" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    done = _demo("--json", str(tmp_path / "missing" / "x.json"), "--duration", "5")
+    assert done.returncode == 2 and "does not exist" in done.stderr, done.stderr[-2000:]
+
+
+def test_demo_against_a_dead_engine_says_so_without_a_traceback() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    done = _demo("--engine", dead, "--duration", "5")
+    assert done.returncode == 1
+    assert "no engine listed a model" in done.stderr and dead in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

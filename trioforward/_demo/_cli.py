@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import resource
+import socket
 import sys
 from typing import Any
 
@@ -38,6 +39,36 @@ def _check_open_files(burst: int) -> None:
             f"--burst {burst} needs about {needed} open files but the limit is {soft}; "
             f"lower --burst or raise the limit (ulimit -n)"
         )
+
+
+def _usage_error(exc: BaseException) -> click.ClickException | None:
+    """A setup error meant for the user (a ClickException), possibly inside exception groups."""
+    if isinstance(exc, click.ClickException):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        group = exc.subgroup(click.ClickException)
+        while isinstance(group, BaseExceptionGroup):
+            group = group.exceptions[0] if group.exceptions else None  # type: ignore[assignment]
+        return group
+    return None
+
+
+def _check_port_free(port: int) -> None:
+    """Fail before anything starts when --port is taken (not half-way through start-up)."""
+    if not port:
+        return
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise click.BadParameter(f"127.0.0.1:{port} is not free ({exc.strerror})", param_hint="--port") from None
+
+
+def _check_json_path(json_path: str | None) -> None:
+    if json_path and json_path != "-":
+        parent = os.path.dirname(os.path.abspath(json_path))
+        if not os.path.isdir(parent):
+            raise click.BadParameter(f"directory {parent} does not exist", param_hint="--json")
 
 
 def _interrupted(exc: BaseException) -> bool:
@@ -94,6 +125,8 @@ def demo(engine_count: int, duration: float, burst: int, port: int, external: tu
     """
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     logging.basicConfig(level=logging.WARNING)
+    _check_port_free(port)
+    _check_json_path(json_path)
     _raise_open_files_limit(2 * burst + 512)
     _check_open_files(burst)
     opts = Options(engines=engine_count, duration=duration, burst=burst, port=port, external=external)
@@ -108,6 +141,9 @@ def demo(engine_count: int, duration: float, burst: int, port: int, external: tu
         if _interrupted(exc):
             console.print("[yellow]interrupted[/yellow]: no summary")
             raise SystemExit(130) from None
+        usage = _usage_error(exc)
+        if usage is not None:
+            raise usage from None
         raise
     render_summary(report, tally, console)
     if json_path == "-":

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import click
 import httpx
 import trio
 
@@ -107,9 +108,17 @@ async def _drive(opts: Options, fleet: Fleet, gateway: Gateway, tally: Tally, pr
 
 
 async def _first_model(http: httpx.AsyncClient, url: str) -> str:
+    """The first model the engines serve; a clear error when none answers."""
     response = await http.get(url + "/v1/models")
-    response.raise_for_status()
-    model: str = response.json()["data"][0]["id"]
+    data = response.json().get("data") if response.status_code == 200 else None
+    if not data:
+        engines = (await http.get(url + "/admin/engines")).json().get("engines", [])
+        urls = ", ".join(e["url"] for e in engines) or "none"
+        raise click.ClickException(
+            f"no engine listed a model on GET /v1/models (engines: {urls}); "
+            "check that each --engine URL is a running vLLM/SGLang server"
+        )
+    model: str = data[0]["id"]
     return model
 
 
