@@ -36,20 +36,30 @@ def _app(delay: float) -> Any:
                     return
         await receive()
         await trio.sleep(delay)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+        )
         await send({"type": "http.response.body", "body": b"ok"})
 
     return app
 
 
 @asynccontextmanager
-async def _server(delay: float = 0.0, keep_alive: float = 5.0) -> AsyncIterator[tuple[int, trio.Event]]:
+async def _server(
+    delay: float = 0.0, keep_alive: float = 5.0
+) -> AsyncIterator[tuple[int, trio.Event]]:
     stop = trio.Event()
     settings = Settings(keep_alive=keep_alive, shutdown_grace=30.0)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(lambda task_status: serve(
-            _app(delay), settings, bind="127.0.0.1:0", shutdown_trigger=stop.wait, task_status=task_status
-        ))
+        binds = await nursery.start(
+            lambda task_status: serve(
+                _app(delay),
+                settings,
+                bind="127.0.0.1:0",
+                shutdown_trigger=stop.wait,
+                task_status=task_status,
+            )
+        )
         try:
             yield int(binds[0].rpartition(":")[2]), stop
         finally:
