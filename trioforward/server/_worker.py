@@ -10,12 +10,14 @@ clients retry after 1 s, 3 s, 7 s... — a burst of 8192 took seconds longer and
 ``batch`` ready connections per wake-up (as asyncio's accept loop does) and hands
 them to ``trio.serve_listeners`` without further syscalls or scheduler passes.
 
-:func:`worker_serve` is ``hypercorn.trio.run.worker_serve`` (Hypercorn 0.18, MIT
-licence) reduced to plain TCP (no TLS, no QUIC — the gateway serves plain HTTP
-behind whatever terminates TLS) with that listener swapped in; the protocol
-handling, lifespan and graceful shutdown are Hypercorn's own, except for the
-keep-alive timer and the response writes (:class:`KeepAliveTCPServer`: together
-they cut the gateway's CPU per request by ~25 % and its growth with concurrency).
+:func:`worker_serve` drives Hypercorn's own building blocks — ``Lifespan``,
+``WorkerContext`` and (through :class:`KeepAliveTCPServer`) ``TCPServer`` with
+its HTTP/1.1 protocol — over plain TCP only (no TLS, no QUIC: the gateway serves
+plain HTTP behind whatever terminates TLS), with that listener in front.
+:class:`KeepAliveTCPServer` changes two things of ``TCPServer``: the keep-alive
+timer and the response writes (together they cut the gateway's CPU per request
+by ~25 % and its growth with concurrency). It relies on ``TCPServer``
+internals, which is why pyproject.toml pins Hypercorn's minor version.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
-from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr
+from hypercorn.utils import repr_socket_addr
 
 __all__ = ["BurstListener", "KeepAliveTCPServer", "worker_serve"]
 
@@ -219,63 +221,80 @@ async def worker_serve(
     app: AppWrapper,
     config: Config,
     *,
-    shutdown_trigger: Callable[..., Awaitable[None]],
+    shutdown_trigger: Callable[[], Awaitable[None]],
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serves until ``shutdown_trigger()`` returns, then: listeners closed, idle
-    connections closed, in-flight requests get ``config.graceful_timeout`` seconds,
-    then the app's lifespan shutdown runs. Hypercorn's own sequence."""
+    """Serve ``app`` on ``config``'s plain-TCP binds until ``shutdown_trigger()`` returns.
+
+    Order of events: the ASGI lifespan starts (the app opens its dispatch
+    client); ``task_status.started(binds)`` reports the ``http://host:port``
+    URLs; on the trigger (or Hypercorn's own terminate event) accepting stops,
+    idle keep-alive connections close at once, in-flight requests get
+    ``config.graceful_timeout`` seconds, and then the lifespan shuts down.
+    """
     config.set_statsd_logger_class(StatsdLogger)
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(app, config, lifespan_state)
     context = WorkerContext(None)
-    idle: set[KeepAliveTCPServer] = set()  # connections between requests
-
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-
-        async with trio.open_nursery() as server_nursery:
-            sockets = config.create_sockets()
-            listeners = []
-            binds = []
-            for sock in sockets.insecure_sockets:
-                sock.listen(config.backlog)
-                listeners.append(BurstListener(sock))
-                bind = repr_socket_addr(sock.family, sock.getsockname())
-                binds.append(f"http://{bind}")
-                await config.log.info(f"Running on http://{bind} (CTRL + C to quit)")
-
-            task_status.started(binds)
-            try:
-                async with trio.open_nursery(strict_exception_groups=True) as nursery:
-                    nursery.start_soon(raise_shutdown, shutdown_trigger)
-                    nursery.start_soon(raise_shutdown, context.terminate.wait)
-                    nursery.start_soon(
-                        partial(
-                            trio.serve_listeners,
-                            partial(
-                                KeepAliveTCPServer,
-                                app,
-                                config,
-                                context,
-                                ConnectionState(lifespan_state.copy()),
-                                idle_set=idle,
-                            ),
-                            listeners,
-                            handler_nursery=server_nursery,
-                        ),
-                    )
-                    await trio.sleep_forever()
-            except BaseExceptionGroup as error:
-                _, other_errors = error.split((ShutdownError, KeyboardInterrupt))
-                if other_errors is not None:
-                    raise other_errors from None
-            finally:
-                await context.terminated.set()
-                for server in list(idle):  # idle keep-alive connections close now
-                    server.set_read_deadline(-inf)
-                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
-
+        await _serve_connections(
+            partial(KeepAliveTCPServer, app, config, context, ConnectionState(lifespan_state.copy())),
+            config,
+            context,
+            shutdown_trigger,
+            task_status,
+        )
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
+
+
+async def _serve_connections(
+    make_server: Callable[..., KeepAliveTCPServer],
+    config: Config,
+    context: WorkerContext,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    listeners: list[BurstListener] = []
+    binds: list[str] = []
+    for sock in config.create_sockets().insecure_sockets:
+        sock.listen(config.backlog)
+        listeners.append(BurstListener(sock))
+        binds.append("http://" + repr_socket_addr(sock.family, sock.getsockname()))
+        await config.log.info(f"Running on {binds[-1]} (CTRL + C to quit)")
+    idle: set[KeepAliveTCPServer] = set()  # connections between two requests
+    # Connections live in their own nursery so that they outlive the accept loop:
+    # shutdown first stops accepting, then gives them the grace period.
+    async with trio.open_nursery() as connections:
+        try:
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(
+                    partial(
+                        trio.serve_listeners,
+                        partial(make_server, idle_set=idle),
+                        listeners,
+                        handler_nursery=connections,
+                    )
+                )
+                task_status.started(binds)
+                await _first_of(shutdown_trigger, context.terminate.wait)
+                accepting.cancel_scope.cancel()
+        finally:
+            await context.terminated.set()  # new requests on open connections are refused
+            for server in list(idle):
+                server.set_read_deadline(-inf)  # idle keep-alive connections close now
+            connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+
+
+async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return as soon as any of ``waits`` returns; the others are cancelled."""
+    async with trio.open_nursery() as nursery:
+
+        async def run(wait: Callable[[], Awaitable[object]]) -> None:
+            await wait()
+            nursery.cancel_scope.cancel()
+
+        for wait in waits:
+            nursery.start_soon(run, wait)
