@@ -1,15 +1,8 @@
-"""Hypercorn's trio worker loop with a listener that drains the accept queue in batches.
+"""Hypercorn's trio worker, driven by us: batched accepts and a cheaper keep-alive.
 
-Why not ``hypercorn.trio.serve`` as is: it wraps each listening socket in a
-``trio.SocketListener``, whose ``accept()`` takes one connection and then yields
-to the scheduler. Under a burst the accept task therefore gets one connection per
-scheduler pass while thousands of accepted connections are busy; the kernel's
-accept queue (``somaxconn``) overflows and the kernel drops further SYNs, which
-clients retry after 1 s, 3 s, 7 s... — a burst of 8192 took seconds longer and
-``ListenOverflows`` grew. :class:`BurstListener` instead accepts up to
-``batch`` ready connections per wake-up (as asyncio's accept loop does) and hands
-them to ``trio.serve_listeners`` without further syscalls or scheduler passes.
-
+Hypercorn's ``hypercorn.trio.serve`` wraps each listening socket in a
+``trio.SocketListener``, which accepts one connection per scheduler pass; under
+a burst the kernel's accept queue overflows (see :mod:`trioforward._listener`).
 :func:`worker_serve` drives Hypercorn's own building blocks — ``Lifespan``,
 ``WorkerContext`` and (through :class:`KeepAliveTCPServer`) ``TCPServer`` with
 its HTTP/1.1 protocol — over plain TCP only (no TLS, no QUIC: the gateway serves
@@ -22,10 +15,7 @@ internals, which is why pyproject.toml pins Hypercorn's minor version.
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
-from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
 from math import inf
@@ -41,57 +31,9 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState, LifespanState
 from hypercorn.utils import repr_socket_addr
 
-__all__ = ["BurstListener", "KeepAliveTCPServer", "worker_serve"]
+from trioforward._listener import BurstListener
 
-# Errors that mean "out of descriptors/memory right now": trio.serve_listeners logs
-# them and retries after 100 ms; anything else ends the server.
-_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
-
-
-class BurstListener(trio.abc.Listener[trio.SocketStream]):
-    """A listener over a bound, listening stdlib socket that accepts in batches.
-
-    ``accept()`` returns a connection accepted earlier in the current batch at
-    once (no syscall, no scheduler pass); when none is left it waits until the
-    socket is readable and accepts up to ``batch`` connections in one go.
-    Cancellation: only while waiting for readability; connections already
-    accepted stay queued for the next call and are closed by :meth:`aclose`.
-    """
-
-    def __init__(self, sock: socket.socket, batch: int = 512) -> None:
-        sock.setblocking(False)
-        self.socket = sock
-        self._batch = batch
-        self._ready: deque[trio.SocketStream] = deque()
-
-    async def accept(self) -> trio.SocketStream:
-        if self._ready:
-            return self._ready.popleft()
-        while True:
-            await trio.lowlevel.wait_readable(self.socket)
-            for _ in range(self._batch):
-                try:
-                    conn, _ = self.socket.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as exc:
-                    # A connection reset while still queued is not our problem.
-                    if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
-                        continue
-                    if self._ready and exc.errno in _CAPACITY_ERRNOS:
-                        break  # serve what we have; the next call reports it
-                    raise
-                self._ready.append(trio.SocketStream(trio.socket.from_stdlib_socket(conn)))
-            if self._ready:
-                return self._ready.popleft()
-
-    async def aclose(self) -> None:
-        self.socket.close()
-        while self._ready:
-            stream = self._ready.popleft()
-            trio.socket.SocketType.close(stream.socket)
-        await trio.lowlevel.checkpoint()
-
+__all__ = ["KeepAliveTCPServer", "worker_serve"]
 
 class _IdleDeadline:
     """Stands in for Hypercorn's ``TrioSingleTask`` idle timer of one connection:

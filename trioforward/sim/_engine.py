@@ -26,6 +26,7 @@ import h11
 import orjson
 import trio
 
+from trioforward._listener import BurstListener
 from trioforward.sim._adapters import NOT_FOUND_DETAIL, Adapters
 from trioforward.sim._api import ApiError, Generation, complete_body, parse_generation, stream_steps
 from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
@@ -124,10 +125,10 @@ class SimEngine:
         """
         if self._serving is not None:
             return
-        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            await sock.bind((self.host, self.port))
+            sock.bind((self.host, self.port))
             sock.listen(self.backlog)
         except BaseException:
             sock.close()
@@ -135,7 +136,9 @@ class SimEngine:
         self.port = sock.getsockname()[1]
         self._serving = trio.CancelScope()
         self._stopped = trio.Event()
-        await self._nursery.start(self._serve, trio.SocketListener(sock), self._serving)
+        # Batched accepts: a burst of thousands of connects must not overflow
+        # the accept queue (the "direct" baseline of bench/gateway_burst.py).
+        await self._nursery.start(self._serve, BurstListener(sock), self._serving)
 
     async def stop_listening(self) -> None:
         """Close the listener and every connection (in-flight requests die with them).
@@ -155,7 +158,7 @@ class SimEngine:
 
     async def _serve(
         self,
-        listener: trio.SocketListener,
+        listener: BurstListener,
         scope: trio.CancelScope,
         task_status: trio.TaskStatus[None],
     ) -> None:
@@ -168,7 +171,7 @@ class SimEngine:
             self._serving = None
             self._stopped.set()
 
-    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+    async def _accept_loop(self, listener: BurstListener, connections: trio.Nursery) -> None:
         while True:
             while self.faults.pause_accept:
                 await self._faults_event.wait()
