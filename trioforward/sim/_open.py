@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Unpack
 
 import trio
 
-from trioforward.sim._engine import SimEngine
+from trioforward.sim._engine import EngineOptions, SimEngine
 
 __all__ = ["open_engine", "open_fleet"]
 
 
 @asynccontextmanager
-async def open_engine(
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    capacity: int = 256,
-    prefill_ms_per_token: float = 0.0,
-    decode_ms_per_token: float = 0.0,
-    models: Collection[str] = ("sim-base", "sim-base-2"),
-    adapters: Mapping[str, str] | None = None,
-    lora_modules: Mapping[str, str] | None = None,
-    lazy_adapters: float | None = None,
-    keep_alive: float | None = 5.0,
-    runtime_lora: bool = True,
-    unknown_model_status: int = 404,
-    missing_paths: Collection[str] = (),
-    adapter_load_seconds: float = 0.0,
-    backlog: int = 4096,
-) -> AsyncIterator[SimEngine]:
+async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngine]:
     """Run a simulated engine listening on ``host:port`` (0 = any free port) for the block.
+
+    Options (:class:`EngineOptions`, defaults as :class:`SimEngine`):
 
     - ``capacity``: requests run at once (vLLM ``max_num_seqs``; 0 = unlimited).
     - ``prefill_ms_per_token`` / ``decode_ms_per_token``: the timing model (ms; 0 = instant).
@@ -50,24 +36,7 @@ async def open_engine(
     Raises ``OSError`` if the port cannot be bound.
     """
     async with trio.open_nursery() as nursery:
-        engine = SimEngine(
-            nursery,
-            host=host,
-            port=port,
-            capacity=capacity,
-            prefill_ms_per_token=prefill_ms_per_token,
-            decode_ms_per_token=decode_ms_per_token,
-            models=models,
-            adapters=adapters,
-            lora_modules=lora_modules,
-            lazy_adapters=lazy_adapters,
-            keep_alive=keep_alive,
-            runtime_lora=runtime_lora,
-            unknown_model_status=unknown_model_status,
-            missing_paths=missing_paths,
-            adapter_load_seconds=adapter_load_seconds,
-            backlog=backlog,
-        )
+        engine = SimEngine(nursery, **options)
         await engine.start_listening()
         try:
             yield engine
@@ -76,10 +45,10 @@ async def open_engine(
 
 
 @asynccontextmanager
-async def open_fleet(n: int, **options: object) -> AsyncIterator[list[SimEngine]]:
+async def open_fleet(n: int, **options: Unpack[EngineOptions]) -> AsyncIterator[list[SimEngine]]:
     """Run ``n`` simulated engines (each on its own free port) with the same ``options``."""
     if options.get("port"):
         raise ValueError("open_fleet picks free ports; do not pass port")
     async with AsyncExitStack() as stack:
-        engines = [await stack.enter_async_context(open_engine(**options)) for _ in range(n)]  # type: ignore[arg-type]
+        engines = [await stack.enter_async_context(open_engine(**options)) for _ in range(n)]
         yield engines
