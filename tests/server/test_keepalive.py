@@ -4,16 +4,14 @@ ones at once when shutdown starts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from asgi_harness import answer_lifespan, serve_asgi
 
 from trioforward._settings import Settings
-from trioforward.server._serve import serve
 
 REQUEST = b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n"
 
@@ -28,12 +26,8 @@ def autojump_clock() -> trio.testing.MockClock:
 def _app(delay: float) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                kind = message["type"].rpartition(".")[2]
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
+            await answer_lifespan(receive, send)
+            return
         await receive()
         await trio.sleep(delay)
         await send(
@@ -44,26 +38,8 @@ def _app(delay: float) -> Any:
     return app
 
 
-@asynccontextmanager
-async def _server(
-    delay: float = 0.0, keep_alive: float = 5.0
-) -> AsyncIterator[tuple[int, trio.Event]]:
-    stop = trio.Event()
-    settings = Settings(keep_alive=keep_alive, shutdown_grace=30.0)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: serve(
-                _app(delay),
-                settings,
-                bind="127.0.0.1:0",
-                shutdown_trigger=stop.wait,
-                task_status=task_status,
-            )
-        )
-        try:
-            yield int(binds[0].rpartition(":")[2]), stop
-        finally:
-            stop.set()
+def _server(delay: float = 0.0, keep_alive: float = 5.0) -> Any:
+    return serve_asgi(_app(delay), Settings(keep_alive=keep_alive, shutdown_grace=30.0))
 
 
 async def _response(stream: trio.SocketStream) -> bytes:

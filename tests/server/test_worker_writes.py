@@ -11,9 +11,9 @@ from typing import Any
 
 import trio
 import trio.testing
+from asgi_harness import answer_lifespan, serve_asgi
 
 from trioforward._settings import Settings
-from trioforward.server._serve import serve
 
 CHUNK = 1 << 20  # 1 MiB per body message: far more than a socket buffer takes at once
 CHUNKS = 8
@@ -25,12 +25,8 @@ def _body(i: int) -> bytes:
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            kind = message["type"].rpartition(".")[2]
-            await send({"type": f"lifespan.{kind}.complete"})
-            if kind == "shutdown":
-                return
+        await answer_lifespan(receive, send)
+        return
     await receive()
     length = b"%d" % (CHUNK * CHUNKS)
     await send(
@@ -42,21 +38,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @asynccontextmanager
 async def _server() -> AsyncIterator[int]:
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: serve(
-                _app,
-                Settings(),
-                bind="127.0.0.1:0",
-                shutdown_trigger=stop.wait,
-                task_status=task_status,
-            )
-        )
-        try:
-            yield int(binds[0].rpartition(":")[2])
-        finally:
-            stop.set()
+    async with serve_asgi(_app, Settings()) as (port, _):
+        yield port
 
 
 async def test_large_response_to_a_slow_reader_arrives_whole_and_in_order(fd_baseline: int) -> None:
