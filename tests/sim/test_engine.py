@@ -89,6 +89,16 @@ def test_cli_help_lists_every_option() -> None:
     assert bad.exit_code != 0 and "NAME=PATH" in bad.output
 
 
+@pytest.mark.parametrize(
+    "args",
+    [["--capacity", "-3"], ["--decode-ms-per-token", "-1"], ["--keep-alive", "-1"], ["--port", "70000"]],
+)
+def test_cli_bad_numbers_are_usage_errors_not_tracebacks(args: list[str]) -> None:
+    result = CliRunner().invoke(sim_engine, ["--port", "0", *args])
+    assert result.exit_code == 2, result.output  # click's usage error, not a crash (exit 1)
+    assert args[0] in result.output
+
+
 async def test_cli_serves_until_terminated(fd_baseline: int) -> None:
     code = "from trioforward.cli import main; main()"
     proc = await trio.lowlevel.open_process(

@@ -22,26 +22,30 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
     return out
 
 
+# Times and rates are non-negative: a bad value is a usage error (exit 2), not a traceback.
+_SECONDS = click.FloatRange(min=0)
+
+
 @click.command("sim-engine")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", type=int, required=True, help="Port to bind (0 = any free port; printed).")
+@click.option("--port", type=click.IntRange(0, 65535), required=True, help="Port to bind (0 = any free port; printed).")
 @click.option(
     "--capacity",
-    type=int,
+    type=click.IntRange(min=0),
     default=256,
     show_default=True,
     help="Requests run at once (vLLM max_num_seqs); 0 = unlimited.",
 )
 @click.option(
     "--prefill-ms-per-token",
-    type=float,
+    type=_SECONDS,
     default=0.0,
     show_default=True,
     help="Prefill time per prompt token (ms).",
 )
 @click.option(
     "--decode-ms-per-token",
-    type=float,
+    type=_SECONDS,
     default=0.0,
     show_default=True,
     help="Time per decode step (ms); both 0 = instant.",
@@ -68,13 +72,13 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 )
 @click.option(
     "--lazy-adapters",
-    type=float,
+    type=_SECONDS,
     default=None,
     metavar="SECONDS",
     help="Load a findable adapter by itself this long after its first request.",
 )
 @click.option(
-    "--keep-alive", type=float, default=5.0, show_default=True, help="Idle keep-alive timeout (s)."
+    "--keep-alive", type=_SECONDS, default=5.0, show_default=True, help="Idle keep-alive timeout (s)."
 )
 @click.option(
     "--no-runtime-lora",
@@ -90,7 +94,7 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 )
 @click.option(
     "--adapter-load-seconds",
-    type=float,
+    type=_SECONDS,
     default=0.0,
     show_default=True,
     help="Time a load request takes (s).",
