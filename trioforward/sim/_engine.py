@@ -21,7 +21,6 @@ import math
 import socket
 import time
 from collections.abc import Collection, Mapping
-from typing import TypedDict
 
 import h11
 import orjson
@@ -34,32 +33,12 @@ from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
 from trioforward.sim._http import Exchange, reset_stream, serve_connection
 from trioforward.sim._stats import EngineStats
 
-__all__ = ["EngineOptions", "SimEngine"]
+__all__ = ["SimEngine"]
 
 log = logging.getLogger("trioforward.sim")
 
 _JSON = b"application/json"
 _SSE = b"text/event-stream"
-
-
-class EngineOptions(TypedDict, total=False):
-    """Keyword options of :class:`SimEngine` / ``open_engine`` (defaults on ``SimEngine``)."""
-
-    host: str
-    port: int
-    capacity: int
-    prefill_ms_per_token: float
-    decode_ms_per_token: float
-    models: Collection[str]
-    adapters: Mapping[str, str] | None
-    lora_modules: Mapping[str, str] | None
-    lazy_adapters: float | None
-    keep_alive: float | None
-    runtime_lora: bool
-    unknown_model_status: int
-    missing_paths: Collection[str]
-    adapter_load_seconds: float
-    backlog: int
 
 
 class SimEngine:

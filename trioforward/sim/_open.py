@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Unpack
+from typing import TypedDict, Unpack
 
 import trio
 
-from trioforward.sim._engine import EngineOptions, SimEngine
+from trioforward.sim._engine import SimEngine
 
-__all__ = ["open_engine", "open_fleet"]
+__all__ = ["EngineOptions", "open_engine", "open_fleet"]
+
+
+class EngineOptions(TypedDict, total=False):
+    """Keyword options of :class:`SimEngine` / ``open_engine`` (defaults on ``SimEngine``)."""
+
+    host: str
+    port: int
+    capacity: int
+    prefill_ms_per_token: float
+    decode_ms_per_token: float
+    models: Collection[str]
+    adapters: Mapping[str, str] | None
+    lora_modules: Mapping[str, str] | None
+    lazy_adapters: float | None
+    keep_alive: float | None
+    runtime_lora: bool
+    unknown_model_status: int
+    missing_paths: Collection[str]
+    adapter_load_seconds: float
+    backlog: int
 
 
 @asynccontextmanager
