@@ -13,6 +13,7 @@ import trio.testing
 
 from trioforward._settings import Settings
 from trioforward.server import GatewayState, create_app, serve
+from trioforward.server._serve import hypercorn_config
 
 
 @dataclass
@@ -33,15 +34,24 @@ class Gateway:
 
 
 @asynccontextmanager
-async def open_gateway(*engine_urls: str, **knobs: Any) -> AsyncIterator[Gateway]:
-    """The gateway app under Hypercorn's trio worker on a free loopback port."""
+async def open_gateway(
+    *engine_urls: str, stock_hypercorn: bool = False, **knobs: Any
+) -> AsyncIterator[Gateway]:
+    """The gateway app under our Hypercorn trio worker (``trioforward serve``'s) on a
+    free loopback port; ``stock_hypercorn=True``: under ``hypercorn.trio.serve``
+    itself, as ``hypercorn -k trio "trioforward.server:create_app()"`` runs it."""
     settings = Settings(engines=tuple(engine_urls)).replace(**knobs)
     app = create_app(settings)
     stop = trio.Event()
+    if stock_hypercorn:
+        from hypercorn.trio import serve as hypercorn_serve
+
+        config = hypercorn_config(settings, bind="127.0.0.1:0")
+        start: Any = functools.partial(hypercorn_serve, app, config, shutdown_trigger=stop.wait)
+    else:
+        start = functools.partial(serve, app, settings, bind="127.0.0.1:0", shutdown_trigger=stop.wait)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            functools.partial(serve, app, settings, bind="127.0.0.1:0", shutdown_trigger=stop.wait)
-        )
+        binds = await nursery.start(start)
         try:
             yield Gateway(binds[0], app)
         finally:

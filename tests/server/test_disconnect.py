@@ -26,10 +26,17 @@ async def send_raw(url: str, body: dict[str, Any]) -> trio.SocketStream:
     return stream
 
 
+@pytest.mark.parametrize("stock_hypercorn", [False, True], ids=["our-worker", "stock-hypercorn"])
 @pytest.mark.parametrize("streaming", [False, True], ids=["non-streaming", "streaming"])
-async def test_client_disconnect_aborts_the_engine_request(fd_baseline: int, streaming: bool) -> None:
-    # 1000 tokens at 50 ms each: the generation would run for 50 s.
-    async with open_sim(decode_ms_per_token=50) as engine, open_gateway(engine.url) as gw:
+async def test_client_disconnect_aborts_the_engine_request(
+    fd_baseline: int, streaming: bool, stock_hypercorn: bool
+) -> None:
+    # 1000 tokens at 50 ms each: the generation would run for 50 s. Our worker
+    # cancels the forward from the connection's task (the disconnect hook);
+    # stock Hypercorn has no hook, and the forwarder's watcher task does it.
+    async with open_sim(decode_ms_per_token=50) as engine, open_gateway(
+        engine.url, stock_hypercorn=stock_hypercorn
+    ) as gw:
         body = {"model": "sim-base", "prompt": "x", "max_tokens": 1000, "stream": streaming}
         client = await send_raw(gw.url, body)
         with trio.fail_after(10):

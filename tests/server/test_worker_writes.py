@@ -1,10 +1,12 @@
 """Response writes of the gateway's Hypercorn worker (``_worker.KeepAliveTCPServer``):
 direct socket writes when the kernel takes everything, Hypercorn's path for the
-rest — bytes arrive whole and in order, and a client that hangs up is handled."""
+rest — bytes arrive whole and in order, and a client that hangs up is handled; a
+fixed-length response is one write, a streamed head is not held back."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,6 +16,7 @@ import trio.testing
 from asgi_harness import answer_lifespan, serve_asgi
 
 from trioforward._settings import Settings
+from trioforward.server import _worker
 
 CHUNK = 1 << 20  # 1 MiB per body message: far more than a socket buffer takes at once
 CHUNKS = 8
@@ -72,3 +75,97 @@ async def test_client_hanging_up_mid_response(fd_baseline: int) -> None:
             await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
             with trio.fail_after(30):
                 assert (await stream.receive_some(4096)).startswith(b"HTTP/1.1 200")
+
+
+class _CountingOS:
+    """Stands in for ``os`` in the worker module: records each ``write``."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, fd: int, data: bytes) -> int:
+        self.writes.append(bytes(data))
+        return os.write(fd, data)
+
+    def read(self, fd: int, size: int) -> bytes:
+        return os.read(fd, size)
+
+
+async def _read_response(stream: trio.SocketStream, length: int) -> bytes:
+    data = b""
+    with trio.fail_after(10):
+        while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < length:
+            chunk = await stream.receive_some(65536)
+            assert chunk, "connection closed early"
+            data += chunk
+    return data
+
+
+async def test_a_fixed_length_response_is_one_write(fd_baseline: int, monkeypatch: Any) -> None:
+    # Hypercorn writes the head at http.response.start and the body with the
+    # next message; the worker holds the head and writes both at once.
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+        await send({"type": "http.response.body", "body": b"hello", "more_body": False})
+
+    counting = _CountingOS()
+    monkeypatch.setattr(_worker, "os", counting)
+    async with serve_asgi(app, Settings()) as (port, _):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            for _ in range(3):
+                counting.writes.clear()
+                await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                data = await _read_response(stream, 5)
+                assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"\r\n\r\nhello")
+                assert counting.writes == [data]
+
+
+async def test_a_streamed_head_is_written_before_its_body(fd_baseline: int) -> None:
+    # A chunked (streamed) response's head is not held: the client sees it while
+    # the app still waits for its first body chunk.
+    first_chunk = trio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await first_chunk.wait()
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": False})
+
+    async with serve_asgi(app, Settings()) as (port, _):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            with trio.fail_after(10):
+                head = await stream.receive_some(65536)
+            assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+            assert head.endswith(b"\r\n\r\n")  # nothing of the body yet
+            first_chunk.set()
+            with trio.fail_after(10):
+                rest = await stream.receive_some(65536)
+            assert b"data: 1" in rest
+
+
+async def test_a_held_head_is_written_when_the_app_ends_without_its_body(fd_baseline: int) -> None:
+    # The app promised 5 bytes and sent none: the client gets the head, then
+    # the connection closes (as under Hypercorn's own writes).
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+
+    async with serve_asgi(app, Settings()) as (port, _):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            data = b""
+            with trio.fail_after(10):
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+            assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"\r\n\r\n")

@@ -3,11 +3,13 @@
 These two routes carry nearly all of the gateway's traffic, so they are served by
 a small ASGI layer in front of the Quart app instead of by Quart views:
 
-- **one task per request, one cancel scope.** A disconnect watcher (awaiting the
-  ASGI ``http.disconnect`` message) and the forward run in one nursery; when the
-  client hangs up, the watcher cancels the forward, the dispatch core closes the
-  upstream connection at once (the engine aborts the generation, vLLM semantics)
-  and nothing is retried (DESIGN §4). A streamed body is relayed from inside the
+- **one task per request, one cancel scope.** When the client hangs up, the
+  forward's scope is cancelled, the dispatch core closes the upstream connection
+  at once (the engine aborts the generation, vLLM semantics) and nothing is
+  retried (DESIGN §4). Under our worker the cancel comes from the connection's
+  own task as Hypercorn reports the disconnect (:mod:`._appchannel`); under any
+  other ASGI server a watcher task awaiting ``http.disconnect`` runs beside the
+  forward in a nursery. A streamed body is relayed from inside the
   ``client.stream`` block of the same task, so the upstream stream's lifetime is
   syntactic — no generator handed to a framework that may never iterate or close
   it;
@@ -30,6 +32,7 @@ import trio
 
 from trioforward.errors import EngineRejected, TrioforwardError
 from trioforward.server import _gc
+from trioforward.server._appchannel import DISCONNECT_EXTENSION, AppChannel
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, dispatch_error_body
 from trioforward.server._state import STATE_KEY, GatewayState
@@ -108,15 +111,25 @@ class OpenAIForwarder:
                 return
             forward_headers = [(k, v) for k, v in headers.items() if k in _FORWARDED]
             session = _text(headers.get(b"x-session-id"))
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, log)
-                if data.get("stream"):
-                    await _relay_stream(
-                        state, path, data, body, forward_headers, session, send, log
-                    )
-                else:
-                    await _forward(state, path, data, body, forward_headers, session, send, log)
-                nursery.cancel_scope.cancel()
+            if data.get("stream"):
+                work = _relay_stream(state, path, data, body, forward_headers, session, send, log)
+            else:
+                work = _forward(state, path, data, body, forward_headers, session, send, log)
+            channel: AppChannel | None = scope["extensions"].get(DISCONNECT_EXTENSION)
+            if channel is None:  # another server than ours: a watcher task
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, log)
+                    await work
+                    nursery.cancel_scope.cancel()
+            else:
+                with trio.CancelScope() as cancel:
+                    channel.on_disconnect = _Hangup(cancel, log)
+                    if channel.disconnected:
+                        channel.on_disconnect()
+                    try:
+                        await work
+                    finally:
+                        channel.on_disconnect = None
         finally:
             if guard is not None:
                 guard.exit()
@@ -222,6 +235,22 @@ async def _send_dispatch_error(send: Send, err: TrioforwardError, log: _Outcome)
         await _send_json(send, err.status, err.body, content_type)
     else:
         await _send_json(send, err.status, dispatch_error_body(err))
+
+
+class _Hangup:
+    """Called by :class:`AppChannel` when the client hangs up: cancels the forward
+    (the dispatch core closes the upstream connection; nothing is retried)."""
+
+    __slots__ = ("cancel", "log")
+
+    def __init__(self, cancel: trio.CancelScope, log: _Outcome) -> None:
+        self.cancel = cancel
+        self.log = log
+
+    def __call__(self) -> None:
+        if not self.log.complete:  # the response's last message is not being sent yet
+            self.log.status = CLIENT_CLOSED
+            self.cancel.cancel()
 
 
 async def _watch_disconnect(

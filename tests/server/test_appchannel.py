@@ -1,0 +1,66 @@
+"""The worker's request-to-app channel (``_appchannel.AppChannel``): messages in
+order with the memory channel's backpressure, and the disconnect hook that lets
+the OpenAI routes cancel a forward without a watcher task."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from trioforward.server._appchannel import AppChannel
+
+BODY = {"type": "http.request", "body": b"x", "more_body": False}
+DISCONNECT = {"type": "http.disconnect"}
+
+
+async def test_messages_arrive_in_order() -> None:
+    channel = AppChannel(10)
+    await channel.put({"type": "http.request", "body": b"a", "more_body": True})
+    await channel.put(BODY)
+    assert (await channel.receive())["body"] == b"a"
+    assert await channel.receive() == BODY
+
+
+async def test_put_waits_while_the_channel_is_full() -> None:
+    # Backpressure: the connection stops feeding a request body the app does not read.
+    channel = AppChannel(2)
+    await channel.put(BODY)
+    await channel.put(BODY)
+    done = False
+
+    async def third() -> None:
+        nonlocal done
+        await channel.put(DISCONNECT)
+        done = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(third)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not done
+        await channel.receive()
+        await trio.testing.wait_all_tasks_blocked()
+        assert done
+    assert [await channel.receive() for _ in range(2)] == [BODY, DISCONNECT]
+
+
+async def test_disconnect_calls_the_hook_once_and_clears_it() -> None:
+    channel = AppChannel(10)
+    calls: list[str] = []
+    channel.on_disconnect = lambda: calls.append("hangup")
+    await channel.put(BODY)
+    assert calls == [] and not channel.disconnected
+    await channel.put(DISCONNECT)
+    assert calls == ["hangup"] and channel.disconnected
+    assert channel.on_disconnect is None
+    await channel.put(DISCONNECT)
+    assert calls == ["hangup"]
+    assert await channel.receive() == BODY  # the messages are still delivered
+    assert await channel.receive() == DISCONNECT
+
+
+async def test_a_disconnect_before_the_hook_is_set_is_visible() -> None:
+    # The forwarder sets its hook after reading the body; a client that hung up
+    # in between is seen through `disconnected`.
+    channel = AppChannel(10)
+    await channel.put(DISCONNECT)
+    assert channel.disconnected

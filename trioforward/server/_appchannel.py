@@ -1,0 +1,104 @@
+"""Request-to-app messages with a disconnect hook (used by our Hypercorn worker).
+
+Hypercorn hands an ASGI app its request messages through a trio memory channel
+per request (``TaskGroup.spawn_app``), and reports a client that hung up as an
+``http.disconnect`` message on that channel. An app that must stop work the
+moment the client leaves — the gateway cancels the forward so the engine aborts
+the generation — then needs a task per request parked on ``receive()`` just to
+see that message (~30 µs per request: a task, its nursery, and a ``Cancelled``
+unwinding through it at the end).
+
+:class:`AppChannel` is that channel plus a hook: Hypercorn's side puts messages
+through :meth:`AppChannel.put`, which calls ``on_disconnect`` (when the app set
+one) as the ``http.disconnect`` message is put, in the connection's own task. The
+app finds the channel in ``scope["extensions"][DISCONNECT_EXTENSION]``; under any
+other server the key is absent and the app falls back to a watcher task.
+Backpressure is the memory channel's (``config.max_app_queue_size`` messages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio.task_group import TaskGroup, _handle
+from hypercorn.typing import AppWrapper
+
+__all__ = ["DISCONNECT_EXTENSION", "AppChannel", "AppTaskGroup"]
+
+DISCONNECT_EXTENSION = "trioforward.disconnect"
+
+Message = MutableMapping[str, Any]
+
+
+class AppChannel:
+    """One request's messages from the server to the app.
+
+    ``receive`` is what the app awaits, :meth:`put` what the server awaits;
+    ``on_disconnect``: a synchronous callable the app may set (and must clear),
+    called once when ``http.disconnect`` is put; ``disconnected`` tells an app
+    that sets the hook late whether it already happened.
+    """
+
+    __slots__ = ("_sender", "_receiver", "on_disconnect", "disconnected")
+
+    def __init__(self, size: int) -> None:
+        # Not ``open_memory_channel[Message](size)``: subscripting it costs a
+        # typing alias per request.
+        self._sender: trio.MemorySendChannel[Message]
+        self._receiver: trio.MemoryReceiveChannel[Message]
+        self._sender, self._receiver = trio.open_memory_channel(size)
+        self.on_disconnect: Callable[[], None] | None = None
+        self.disconnected = False
+
+    async def put(self, message: Message) -> None:
+        """Hypercorn's side. Waits only while the channel is full (backpressure
+        on the connection's reads); otherwise returns without a scheduler pass —
+        a request's body and end-of-body messages and the final disconnect
+        would each cost one."""
+        if message["type"] == "http.disconnect":
+            self.disconnected = True
+            hook, self.on_disconnect = self.on_disconnect, None
+            if hook is not None:
+                hook()
+        try:
+            self._sender.send_nowait(message)
+        except trio.WouldBlock:
+            await self._sender.send(message)
+
+    async def receive(self) -> Message:
+        """The app's side: the next message, waiting for one only if none is
+        queued (no scheduler pass when the request is already there)."""
+        try:
+            return self._receiver.receive_nowait()
+        except trio.WouldBlock:
+            return await self._receiver.receive()
+
+
+class AppTaskGroup(TaskGroup):
+    """Hypercorn's trio ``TaskGroup`` whose apps receive through an :class:`AppChannel`."""
+
+    async def spawn_app(
+        self,
+        app: AppWrapper,
+        config: Config,
+        scope: Any,
+        send: Callable[[Any], Awaitable[None]],
+    ) -> Callable[[Any], Awaitable[None]]:
+        channel = AppChannel(config.max_app_queue_size)
+        scope["extensions"][DISCONNECT_EXTENSION] = channel
+        assert self._nursery is not None
+        handle: Any = _handle  # Hypercorn's wrapper: logs the app's errors, then ends the stream
+        self._nursery.start_soon(
+            handle,
+            app,
+            config,
+            scope,
+            channel.receive,
+            send,
+            trio.to_thread.run_sync,
+            trio.from_thread.run,
+        )
+        return channel.put
