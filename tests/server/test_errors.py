@@ -66,6 +66,16 @@ async def test_unknown_route_and_wrong_method_are_json(engine: Any, gateway: Gat
         wrong = await client.get(gateway.url + "/v1/completions")
     assert missing.status_code == 404 and "error" in missing.json()
     assert wrong.status_code == 405 and "error" in wrong.json()
+    assert wrong.headers["allow"] == "POST"
+
+
+async def test_405_lists_the_allowed_methods(engine: Any, gateway: Gateway) -> None:
+    async with httpx.AsyncClient() as client:
+        pause = await client.get(gateway.url + "/admin/pause")
+        health = await client.post(gateway.url + "/health")
+    assert pause.status_code == 405 and pause.json()["error"]["code"] == "method_not_allowed"
+    assert "POST" in pause.headers["allow"].split(", ")
+    assert health.status_code == 405 and "GET" in health.headers["allow"].split(", ")
 
 
 async def test_engine_error_comes_back_verbatim(engine: Any, gateway: Gateway) -> None:

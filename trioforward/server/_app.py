@@ -132,13 +132,17 @@ def _install_hooks(app: QuartTrio, settings: Settings) -> None:
         return json_response(error_body(f"no route {request.path}", code="not_found"), 404)
 
     @app.errorhandler(405)
-    async def _not_allowed(_: Exception) -> Response:
-        return json_response(
+    async def _not_allowed(err: Exception) -> Response:
+        response = json_response(
             error_body(
                 f"{request.method} not allowed on {request.path}", code="method_not_allowed"
             ),
             405,
         )
+        allowed = getattr(err, "valid_methods", None)  # werkzeug's MethodNotAllowed
+        if allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))  # RFC 9110 §15.5.6
+        return response
 
     @app.errorhandler(413)
     async def _too_large(_: Exception) -> Response:

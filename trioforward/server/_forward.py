@@ -291,13 +291,10 @@ async def _read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) 
 async def _send_json(
     send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
 ) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", content_type), (b"content-length", b"%d" % len(body))],
-        }
-    )
+    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
+    if status == 405:
+        headers.append((b"allow", b"POST"))  # RFC 9110 §15.5.6: a 405 lists the allowed methods
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
