@@ -73,6 +73,8 @@ async def test_fresh_connection_failure_after_sending_not_retried(fd_baseline: i
             await client.post(COMPLETION, json=body())
         assert info.value.phase is Phase.AWAIT_HEADERS
         assert info.value.attempts == 1
+        assert "engine closed the connection mid-exchange" in str(info.value)
+        assert "h11" not in str(info.value) and "ConnectionClosed" not in str(info.value)
         assert completions(engine) == 1
 
 

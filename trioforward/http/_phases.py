@@ -73,6 +73,9 @@ class Attempt:
         if self.phase is _CONNECT:
             return self._error(ConnectError, f"connect to {self._where()} failed: {exc!r}")
         if isinstance(exc, h11.RemoteProtocolError):
+            if "ConnectionClosed" in str(exc):
+                # h11's words for an EOF where a response (or the rest of one) was due.
+                return self.closed()
             what = f"engine broke HTTP/1.1: {exc}"
         else:
             what = f"connection failed: {exc!r}"
