@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,11 +26,20 @@ def _body(i: int) -> bytes:
     return hashlib.sha256(b"%d" % i).digest() * (CHUNK // 32)
 
 
-async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] == "lifespan":
-        await answer_lifespan(receive, send)
-        return
-    await receive()
+def _http_app(respond: Callable[[Any], Awaitable[None]]) -> Any:
+    """An ASGI app: answers the lifespan; per request reads it, then ``respond(send)``."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        await receive()
+        await respond(send)
+
+    return app
+
+
+async def _large(send: Any) -> None:
     length = b"%d" % (CHUNK * CHUNKS)
     await send(
         {"type": "http.response.start", "status": 200, "headers": [(b"content-length", length)]}
@@ -41,7 +50,7 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @asynccontextmanager
 async def _server() -> AsyncIterator[int]:
-    async with serve_asgi(_app, Settings()) as (port, _):
+    async with serve_asgi(_http_app(_large), Settings()) as (port, _):
         yield port
 
 
@@ -104,17 +113,13 @@ async def _read_response(stream: trio.SocketStream, length: int) -> bytes:
 async def test_a_fixed_length_response_is_one_write(fd_baseline: int, monkeypatch: Any) -> None:
     # Hypercorn writes the head at http.response.start and the body with the
     # next message; the worker holds the head and writes both at once.
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
-            return
-        await receive()
+    async def hello(send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
         await send({"type": "http.response.body", "body": b"hello", "more_body": False})
 
     counting = _CountingOS()
     monkeypatch.setattr(_worker, "os", counting)
-    async with serve_asgi(app, Settings()) as (port, _):
+    async with serve_asgi(_http_app(hello), Settings()) as (port, _):
         async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
             for _ in range(3):
                 counting.writes.clear()
@@ -129,16 +134,12 @@ async def test_a_streamed_head_is_written_before_its_body(fd_baseline: int) -> N
     # the app still waits for its first body chunk.
     first_chunk = trio.Event()
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
-            return
-        await receive()
+    async def stream_later(send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         await first_chunk.wait()
         await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": False})
 
-    async with serve_asgi(app, Settings()) as (port, _):
+    async with serve_asgi(_http_app(stream_later), Settings()) as (port, _):
         async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
             await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
             with trio.fail_after(10):
@@ -154,14 +155,10 @@ async def test_a_streamed_head_is_written_before_its_body(fd_baseline: int) -> N
 async def test_a_held_head_is_written_when_the_app_ends_without_its_body(fd_baseline: int) -> None:
     # The app promised 5 bytes and sent none: the client gets the head, then
     # the connection closes (as under Hypercorn's own writes).
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
-            return
-        await receive()
+    async def head_only(send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
 
-    async with serve_asgi(app, Settings()) as (port, _):
+    async with serve_asgi(_http_app(head_only), Settings()) as (port, _):
         async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
             await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
             data = b""
