@@ -69,6 +69,16 @@ async def test_unknown_route_and_wrong_method_are_json(engine: Any, gateway: Gat
     assert wrong.headers["allow"] == "POST"
 
 
+async def test_repeated_slashes_mean_the_single_slash_route(engine: Any, gateway: Gateway) -> None:
+    # A client base URL ending in "/" joined with "/v1/...": served, not a 404.
+    body = {"model": "sim-base", "prompt": "x", "max_tokens": 2}
+    async with httpx.AsyncClient() as client:
+        completion = await client.post(gateway.url + "//v1/completions", json=body)
+        health = await client.get(gateway.url + "//health")
+    assert completion.status_code == 200 and completion.json()["choices"]
+    assert health.status_code == 200
+
+
 async def test_405_lists_the_allowed_methods(engine: Any, gateway: Gateway) -> None:
     async with httpx.AsyncClient() as client:
         pause = await client.get(gateway.url + "/admin/pause")

@@ -24,6 +24,7 @@ Everything else (``/v1/models``, admin, metrics, Tinker) goes to Quart.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,9 @@ _FORWARDED = frozenset({b"x-request-id", b"x-session-id", b"traceparent", b"trac
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
+_SLASHES = re.compile("/{2,}")
+_SLASHES_RAW = re.compile(b"/{2,}")
+
 access_log = logging.getLogger("trioforward.access")
 
 
@@ -74,10 +78,17 @@ class OpenAIForwarder:
         self.inner = inner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] in ROUTES:
-            await self._handle(scope, receive, send)
-        else:
-            await self.inner(scope, receive, send)
+        if scope["type"] == "http":
+            path = scope["path"]
+            if "//" in path:
+                # A base URL with a trailing slash ("http://gw:8000/" + "/v1/...")
+                # means the single-slash route, as nginx's merge_slashes does.
+                scope["path"] = path = _SLASHES.sub("/", path)
+                scope["raw_path"] = _SLASHES_RAW.sub(b"/", scope.get("raw_path") or b"")
+            if path in ROUTES:
+                await self._handle(scope, receive, send)
+                return
+        await self.inner(scope, receive, send)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
