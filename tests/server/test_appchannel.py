@@ -10,6 +10,7 @@ import trio.testing
 from trioforward.server._appchannel import AppChannel
 
 BODY = {"type": "http.request", "body": b"x", "more_body": False}
+END = {"type": "http.request", "body": b"", "more_body": False}
 DISCONNECT = {"type": "http.disconnect"}
 
 
@@ -30,7 +31,7 @@ async def test_put_waits_while_the_channel_is_full() -> None:
 
     async def third() -> None:
         nonlocal done
-        await channel.put(DISCONNECT)
+        await channel.put(END)
         done = True
 
     async with trio.open_nursery() as nursery:
@@ -40,7 +41,42 @@ async def test_put_waits_while_the_channel_is_full() -> None:
         await channel.receive()
         await trio.testing.wait_all_tasks_blocked()
         assert done
-    assert [await channel.receive() for _ in range(2)] == [BODY, DISCONNECT]
+    assert [await channel.receive() for _ in range(2)] == [BODY, END]
+
+
+async def test_a_disconnect_never_waits_and_is_received_after_the_queue() -> None:
+    # Hypercorn may put the disconnect from the app's own task: waiting for room
+    # there would wait forever.
+    channel = AppChannel(2)
+    await channel.put(BODY)
+    await channel.put(BODY)
+    with trio.fail_after(1):
+        await channel.put(DISCONNECT)
+    assert channel.disconnected
+    assert [await channel.receive() for _ in range(3)] == [BODY, BODY, DISCONNECT]
+    assert await channel.receive() == DISCONNECT  # and again, never a wait
+
+
+async def test_puts_after_the_app_ended_are_dropped() -> None:
+    # Nobody will read them: a waiting put would hold the connection open for good.
+    channel = AppChannel(1)
+    await channel.put(BODY)
+    returned = False
+
+    async def waiting_put() -> None:
+        nonlocal returned
+        await channel.put(END)
+        returned = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiting_put)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not returned
+        channel.close()
+    assert returned
+    with trio.fail_after(1):
+        await channel.put(END)
+        await channel.put(DISCONNECT)
 
 
 async def test_disconnect_calls_the_hook_once_and_clears_it() -> None:

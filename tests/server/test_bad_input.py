@@ -95,3 +95,34 @@ async def test_access_log_names_the_method_of_a_405(
             await trio.testing.wait_all_tasks_blocked()
             await trio.lowlevel.checkpoint()
     assert lines[0].startswith("GET /v1/completions 405 "), lines
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["405-unread-body", "401-unread-body"],
+)
+async def test_an_answer_before_a_many_chunked_body_closes_the_connection(
+    engine: Any, case: str
+) -> None:
+    # The gateway answers without reading the body (wrong method; missing key);
+    # the body's many small chunks arrive in one segment. The connection must
+    # end (h11 cannot reuse it mid-body), not stay open forever: found when the
+    # worker's app channel filled up and Hypercorn's disconnect message waited
+    # on it from the app's own task.
+    from gateway_harness import open_gateway
+
+    knobs: dict[str, Any] = {"api_keys": ("sekret",)} if case.startswith("401") else {}
+    method = b"GET" if case.startswith("405") else b"POST"
+    async with open_gateway(engine.url, **knobs) as gw:
+        port = int(gw.url.rpartition(":")[2])
+        for _ in range(3):
+            async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+                head = b"%s /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" % method
+                await stream.send_all(head + b"1\r\na\r\n" * 30 + b"0\r\n\r\n")
+                data = b""
+                with trio.fail_after(5):
+                    while chunk := await stream.receive_some(65536):
+                        data += chunk
+                assert data.startswith(b"HTTP/1.1 " + case[:3].encode()), data[:40]
+        assert await gw.pool_active() == 0
+    assert engine.stats.by_path["/v1/completions"] == 0

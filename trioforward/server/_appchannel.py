@@ -54,27 +54,59 @@ class AppChannel:
         self.disconnected = False
 
     async def put(self, message: Message) -> None:
-        """Hypercorn's side. Waits only while the channel is full (backpressure
-        on the connection's reads); otherwise returns without a scheduler pass —
-        a request's body and end-of-body messages and the final disconnect
-        would each cost one."""
+        """Hypercorn's side. Returns without a scheduler pass when there is room
+        (a request's body and end-of-body messages would each cost one); waits
+        while the channel is full and the app still runs (backpressure on the
+        connection's reads). Never waits for ``http.disconnect`` (Hypercorn may
+        put it from the app's own task, which would wait for itself), and drops
+        messages once the app has ended (:meth:`close`): nobody will read them,
+        and a wait would hold the connection open for good."""
         if message["type"] == "http.disconnect":
             self.disconnected = True
             hook, self.on_disconnect = self.on_disconnect, None
             if hook is not None:
                 hook()
+            try:
+                self._sender.send_nowait(message)
+            except (trio.WouldBlock, trio.BrokenResourceError):
+                pass  # receive() reports it once the queued messages are read
+            return
         try:
             self._sender.send_nowait(message)
         except trio.WouldBlock:
-            await self._sender.send(message)
+            try:
+                await self._sender.send(message)
+            except trio.BrokenResourceError:
+                pass  # the app ended while we waited
+        except trio.BrokenResourceError:
+            pass  # the app has ended
 
     async def receive(self) -> Message:
         """The app's side: the next message, waiting for one only if none is
-        queued (no scheduler pass when the request is already there)."""
+        queued (no scheduler pass when the request is already there);
+        ``http.disconnect`` once the client is gone and nothing else is queued."""
         try:
             return self._receiver.receive_nowait()
         except trio.WouldBlock:
+            if self.disconnected:
+                return {"type": "http.disconnect"}
             return await self._receiver.receive()
+
+    def close(self) -> None:
+        """The app has ended: later (and waiting) puts drop their message."""
+        self._receiver.close()
+
+
+async def _run_app(
+    channel: AppChannel, app: AppWrapper, config: Config, scope: Any, send: Any
+) -> None:
+    try:
+        handle: Any = _handle  # Hypercorn's wrapper: logs the app's errors, then ends the stream
+        await handle(
+            app, config, scope, channel.receive, send, trio.to_thread.run_sync, trio.from_thread.run
+        )
+    finally:
+        channel.close()
 
 
 class AppTaskGroup(TaskGroup):
@@ -90,15 +122,5 @@ class AppTaskGroup(TaskGroup):
         channel = AppChannel(config.max_app_queue_size)
         scope["extensions"][DISCONNECT_EXTENSION] = channel
         assert self._nursery is not None
-        handle: Any = _handle  # Hypercorn's wrapper: logs the app's errors, then ends the stream
-        self._nursery.start_soon(
-            handle,
-            app,
-            config,
-            scope,
-            channel.receive,
-            send,
-            trio.to_thread.run_sync,
-            trio.from_thread.run,
-        )
+        self._nursery.start_soon(_run_app, channel, app, config, scope, send)
         return channel.put
