@@ -82,8 +82,13 @@ async def test_reused_connection_zero_byte_failure_resent_once(fd_baseline: int)
     async with open_engine() as engine, client_for(engine) as client:
         assert (await client.post(COMPLETION, json=body())).status == 200
         engine.faults.drop = 1  # the keep-alive race: the reused connection dies unanswered
-        r = await client.post(COMPLETION, json=body())
+        calls: list[tuple[str, int, float]] = []
+        r = await client.post(
+            COMPLETION, json=body(), on_dispatch=lambda *call: calls.append(call)
+        )
         assert r.status == 200 and r.attempts == 2
+        assert [(url, attempt) for url, attempt, _ in calls] == [(r.engine, 1), (r.engine, 2)]
+        assert all(queued >= 0.0 for _, _, queued in calls)
         assert r.retries == (("await_headers", "keepalive_race"),)
         assert completions(engine) == 3
         pool = client.statistics().pool

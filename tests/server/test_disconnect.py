@@ -29,8 +29,9 @@ async def send_raw(url: str, body: dict[str, Any]) -> trio.SocketStream:
 @pytest.mark.parametrize("stock_hypercorn", [False, True], ids=["our-worker", "stock-hypercorn"])
 @pytest.mark.parametrize("streaming", [False, True], ids=["non-streaming", "streaming"])
 async def test_client_disconnect_aborts_the_engine_request(
-    fd_baseline: int, streaming: bool, stock_hypercorn: bool
+    fd_baseline: int, streaming: bool, stock_hypercorn: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level("INFO", logger="trioforward.access")
     # 1000 tokens at 50 ms each: the generation would run for 50 s. Our worker
     # cancels the forward from the connection's task (the disconnect hook);
     # stock Hypercorn has no hook, and the forwarder's watcher task does it.
@@ -58,4 +59,10 @@ async def test_client_disconnect_aborts_the_engine_request(
         assert engine.stats.completed == 0
         metrics = gw.state.metrics.render().decode()
         assert 'trioforward_gateway_requests_total{route="/v1/completions",status="499"} 1.0' in metrics
+        # The access line names the engine the abandoned request was on.
+        lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]
+        assert len(lines) == 1 and lines[0].startswith("POST /v1/completions 499 "), lines
+        assert f"engine={engine.url} attempts=1 " in lines[0], lines
+        engine_time = float(lines[0].split("engine_time=")[1].split("s")[0])
+        assert engine_time > 0.0, lines
     print(f"upstream aborted {1e3 * elapsed:.1f} ms after the client hung up")

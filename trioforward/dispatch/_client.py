@@ -22,6 +22,7 @@ from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._health import health_loop
 from trioforward.dispatch._request import (
     HeaderInput,
+    OnDispatch,
     Request,
     prepare_headers,
     strip_response_headers,
@@ -127,6 +128,7 @@ class Client:
         content: bytes | None = None,
         headers: HeaderInput = None,
         session: str | None = None,
+        on_dispatch: OnDispatch | None = None,
     ) -> ForwardResponse:
         """Forward ``POST path`` to an engine and return its answer, whatever its status.
 
@@ -137,9 +139,18 @@ class Client:
         subclasses for gateway-level failures (with ``.phase``, ``.attempts``,
         ``.engine``, ``.queue_time``, ``.engine_time``). Cancellation propagates
         at once; the upstream connection is closed so the engine aborts.
+        ``on_dispatch(engine_url, attempt, queue_time_s)``, if given, is called as
+        each attempt starts (synchronously; it must not raise): what a request
+        that is cancelled reached.
         """
         return await self.request(
-            "POST", path, json=json, content=content, headers=headers, session=session
+            "POST",
+            path,
+            json=json,
+            content=content,
+            headers=headers,
+            session=session,
+            on_dispatch=on_dispatch,
         )
 
     async def request(
@@ -151,9 +162,11 @@ class Client:
         content: bytes | None = None,
         headers: HeaderInput = None,
         session: str | None = None,
+        on_dispatch: OnDispatch | None = None,
     ) -> ForwardResponse:
         """As :meth:`post`, with any method (``GET /v1/models`` ...)."""
         req = self._request(method, path, json, content, headers, session)
+        req.on_dispatch = on_dispatch
         dispatcher = self._dispatcher
         arrival = dispatcher.admit()
         try:
@@ -183,12 +196,14 @@ class Client:
         headers: HeaderInput = None,
         session: str | None = None,
         method: str = "POST",
+        on_dispatch: OnDispatch | None = None,
     ) -> AsyncIterator[ForwardStream]:
         """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
         body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
         exits; leaving before the end closes the upstream connection (the engine aborts).
         """
         req = self._request(method, path, json, content, headers, session)
+        req.on_dispatch = on_dispatch
         dispatcher = self._dispatcher
         arrival = dispatcher.admit()
         try:

@@ -252,6 +252,8 @@ class Dispatcher:
         model = req.model
         while True:
             req.attempts += 1
+            if req.on_dispatch is not None:
+                req.on_dispatch(engine.url, req.attempts, req.queue_time)
             epoch = 0
             if req.is_adapter:
                 assert model is not None

@@ -7,7 +7,7 @@ and where attempts, phases and times accumulate for errors and statistics.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import trio
@@ -18,7 +18,7 @@ from trioforward.http._errors import Phase
 if TYPE_CHECKING:
     from trioforward.dispatch._engines import Engine
 
-__all__ = ["Request", "HeaderInput", "prepare_headers", "strip_response_headers", "HOP_BY_HOP"]
+__all__ = ["Request", "OnDispatch", "HeaderInput", "prepare_headers", "strip_response_headers", "HOP_BY_HOP"]
 
 # RFC 9110 §7.6.1 connection-specific fields, plus Host and Content-Length which the
 # pool computes for the upstream hop (and the server for the downstream one).
@@ -37,6 +37,9 @@ HOP_BY_HOP = frozenset(
 )
 
 Headers = list[tuple[str | bytes, str | bytes]]
+# Called as each attempt starts: (engine base URL, attempt number from 1, seconds
+# queued so far). For logging what a request reached before it ended.
+OnDispatch = Callable[[str, int, float], None]
 
 HeaderInput = (
     Mapping[str, str] | Mapping[bytes, bytes] | Iterable[tuple[str | bytes, str | bytes]] | None
@@ -104,6 +107,7 @@ class Request:
         "engine_time",
         "retries",
         "counts",
+        "on_dispatch",
     )
 
     def __init__(
@@ -134,6 +138,7 @@ class Request:
         self.engine_time = 0.0
         self.retries: list[tuple[str, str]] | None = None
         self.counts: RetryCounts | None = None
+        self.on_dispatch: OnDispatch | None = None
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""

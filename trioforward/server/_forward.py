@@ -157,13 +157,21 @@ async def _forward(
     send: Send,
     log: _Outcome,
 ) -> None:
+    started = trio.current_time()
     try:
         response = await state.client.post(
-            path, json=data, content=body, headers=headers, session=session
+            path,
+            json=data,
+            content=body,
+            headers=headers,
+            session=session,
+            on_dispatch=log.dispatching,
         )
     except TrioforwardError as err:
         await _send_dispatch_error(send, err, log)
         return
+    finally:
+        log.until(started)  # a client that hung up: the engine time it cost so far
     log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
     log.status = response.status
     content_type = _header(response.headers, b"content-type") or b"application/json"
@@ -194,7 +202,12 @@ async def _relay_stream(
     started = trio.current_time()
     try:
         async with state.client.stream(
-            path, json=data, content=body, headers=headers, session=session
+            path,
+            json=data,
+            content=body,
+            headers=headers,
+            session=session,
+            on_dispatch=log.dispatching,
         ) as fs:
             log.dispatched(fs.engine, fs.attempts, fs.queue_time, None)
             log.status = fs.status
@@ -345,6 +358,16 @@ class _Outcome:
         self.engine_time: float | None = None
         self.error: str | None = None
         self.complete = False  # the last body message is being sent
+
+    def dispatching(self, engine: str, attempts: int, queue_time: float) -> None:
+        """An attempt starts (``Client.post``'s ``on_dispatch``)."""
+        self.engine, self.attempts, self.queue_time = engine, attempts, queue_time
+
+    def until(self, started: float) -> None:
+        """Engine time of a request that ended without an answer: since ``started``
+        (when it was handed to the dispatch core), minus its queue time."""
+        if self.engine is not None and self.engine_time is None:
+            self.engine_time = max(0.0, trio.current_time() - started - self.queue_time)
 
     def dispatched(
         self, engine: str | None, attempts: int, queue_time: float, engine_time: float | None
