@@ -57,7 +57,7 @@ CLIENT_CLOSED = 499
 # Request headers worth passing to the engine; everything else (the client's API
 # key above all) stays at the gateway.
 _FORWARDED = frozenset({b"x-request-id", b"x-session-id", b"traceparent", b"tracestate"})
-_JSON = [(b"content-type", b"application/json")]
+_ALLOW_POST = ((b"allow", b"POST"),)
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 _SLASHES = re.compile("/{2,}")
@@ -95,7 +95,7 @@ class OpenAIForwarder:
         # with thousands of requests in flight each touch is a cache miss.
         state: GatewayState | None = self.app.extensions.get(STATE_KEY)
         if state is None:
-            await _send_json(
+            await _respond(
                 send,
                 503,
                 b'{"error":{"message":"gateway is not serving","type":"server_error","code":"not_ready","param":null}}',
@@ -116,17 +116,25 @@ class OpenAIForwarder:
                 ROUTES[path](data)
             except RequestError as err:
                 log.status = err.status
-                await _send_json(send, err.status, err.body())
+                # RFC 9110 §15.5.6: a 405 lists the allowed methods.
+                extra = _ALLOW_POST if err.status == 405 else ()
+                await _respond(send, err.status, err.body(), extra=extra)
                 return
             except _Disconnected:
                 log.status = CLIENT_CLOSED
                 return
             forward_headers = [(k, v) for k, v in headers.items() if k in _FORWARDED]
-            session = _text(headers.get(b"x-session-id"))
+            call: dict[str, Any] = {
+                "json": data,
+                "content": body,
+                "headers": forward_headers,
+                "session": _text(headers.get(b"x-session-id")),
+                "on_dispatch": log.dispatching,
+            }
             if data.get("stream"):
-                work = _relay_stream(state, path, data, body, forward_headers, session, send, log)
+                work = _relay_stream(state, path, call, send, log)
             else:
-                work = _forward(state, path, data, body, forward_headers, session, send, log)
+                work = _forward(state, path, call, send, log)
             channel: AppChannel | None = scope["extensions"].get(DISCONNECT_EXTENSION)
             if channel is None:  # another server than ours: a watcher task
                 async with trio.open_nursery() as nursery:
@@ -149,26 +157,13 @@ class OpenAIForwarder:
 
 
 async def _forward(
-    state: GatewayState,
-    path: str,
-    data: dict[str, Any],
-    body: bytes,
-    headers: list[tuple[bytes, bytes]],
-    session: str | None,
-    send: Send,
-    log: _Outcome,
+    state: GatewayState, path: str, call: dict[str, Any], send: Send, log: _Outcome
 ) -> None:
+    """A non-streaming forward; ``call``: keyword arguments of ``Client.request``."""
     started = trio.current_time()
     try:
-        response = await state.client.request(  # not .post: one frame less (see above)
-            "POST",
-            path,
-            json=data,
-            content=body,
-            headers=headers,
-            session=session,
-            on_dispatch=log.dispatching,
-        )
+        # Not .post: one frame less in the await chain (see OpenAIForwarder.__call__).
+        response = await state.client.request("POST", path, **call)
     except TrioforwardError as err:
         await _send_dispatch_error(send, err, log)
         return
@@ -176,59 +171,24 @@ async def _forward(
         log.until(started)  # a client that hung up: the engine time it cost so far
     log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
     log.status = response.status
-    content_type = _header(response.headers, b"content-type") or b"application/json"
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", b"%d" % len(response.content)),
-            ],
-        }
-    )
     log.complete = True
-    await send({"type": "http.response.body", "body": response.content, "more_body": False})
+    await _respond(send, response.status, response.content, _content_type(response.headers))
 
 
 async def _relay_stream(
-    state: GatewayState,
-    path: str,
-    data: dict[str, Any],
-    body: bytes,
-    headers: list[tuple[bytes, bytes]],
-    session: str | None,
-    send: Send,
-    log: _Outcome,
+    state: GatewayState, path: str, call: dict[str, Any], send: Send, log: _Outcome
 ) -> None:
+    """A streamed forward, relayed chunk by chunk; ``call`` as for :func:`_forward`."""
     started = trio.current_time()
     try:
-        async with state.client.stream(
-            path,
-            json=data,
-            content=body,
-            headers=headers,
-            session=session,
-            on_dispatch=log.dispatching,
-        ) as fs:
+        async with state.client.stream(path, **call) as fs:
             log.dispatched(fs.engine, fs.attempts, fs.queue_time, None)
             log.status = fs.status
             if not 200 <= fs.status < 300:
                 # The engine refused before streaming: its error body goes back verbatim.
                 content = b"".join([chunk async for chunk in fs.aiter_bytes()])
-                content_type = _header(fs.headers, b"content-type") or b"application/json"
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": fs.status,
-                        "headers": [
-                            (b"content-type", content_type),
-                            (b"content-length", b"%d" % len(content)),
-                        ],
-                    }
-                )
                 log.complete = True
-                await send({"type": "http.response.body", "body": content, "more_body": False})
+                await _respond(send, fs.status, content, _content_type(fs.headers))
                 return
             await send({"type": "http.response.start", "status": fs.status, "headers": _SSE})
             last = b"\n\n"
@@ -257,10 +217,9 @@ async def _send_dispatch_error(send: Send, err: TrioforwardError, log: _Outcome)
     log.status, log.error = err.status, err.code
     log.complete = True
     if isinstance(err, EngineRejected):
-        content_type = _header(err.headers, b"content-type") or b"application/json"
-        await _send_json(send, err.status, err.body, content_type)
+        await _respond(send, err.status, err.body, _content_type(err.headers))
     else:
-        await _send_json(send, err.status, dispatch_error_body(err))
+        await _respond(send, err.status, dispatch_error_body(err))
 
 
 class _Hangup:
@@ -314,14 +273,21 @@ async def _read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) 
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def _send_json(
-    send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
-    if status == 405:
-        headers.append((b"allow", b"POST"))  # RFC 9110 §15.5.6: a 405 lists the allowed methods
+    """A whole response: ``body`` with its type and length (one write, see _worker)."""
+    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes:
+    return _header(headers, b"content-type") or b"application/json"
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
