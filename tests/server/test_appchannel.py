@@ -4,6 +4,9 @@ the OpenAI routes cancel a forward without a watcher task."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import trio
 import trio.testing
 
@@ -12,6 +15,26 @@ from trioforward.server._appchannel import AppChannel
 BODY = {"type": "http.request", "body": b"x", "more_body": False}
 END = {"type": "http.request", "body": b"", "more_body": False}
 DISCONNECT = {"type": "http.disconnect"}
+
+
+async def _put_waits_until(
+    channel: AppChannel, message: dict[str, Any], unblock: Callable[[], Awaitable[None]]
+) -> None:
+    """Asserts that ``put(message)`` waits, and has returned once ``unblock()`` ran."""
+    returned = False
+
+    async def put() -> None:
+        nonlocal returned
+        await channel.put(message)
+        returned = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(put)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not returned
+        await unblock()
+        await trio.testing.wait_all_tasks_blocked()
+        assert returned
 
 
 async def test_messages_arrive_in_order() -> None:
@@ -27,20 +50,11 @@ async def test_put_waits_while_the_channel_is_full() -> None:
     channel = AppChannel(2)
     await channel.put(BODY)
     await channel.put(BODY)
-    done = False
 
-    async def third() -> None:
-        nonlocal done
-        await channel.put(END)
-        done = True
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(third)
-        await trio.testing.wait_all_tasks_blocked()
-        assert not done
+    async def read_one() -> None:
         await channel.receive()
-        await trio.testing.wait_all_tasks_blocked()
-        assert done
+
+    await _put_waits_until(channel, END, read_one)
     assert [await channel.receive() for _ in range(2)] == [BODY, END]
 
 
@@ -61,19 +75,11 @@ async def test_puts_after_the_app_ended_are_dropped() -> None:
     # Nobody will read them: a waiting put would hold the connection open for good.
     channel = AppChannel(1)
     await channel.put(BODY)
-    returned = False
 
-    async def waiting_put() -> None:
-        nonlocal returned
-        await channel.put(END)
-        returned = True
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(waiting_put)
-        await trio.testing.wait_all_tasks_blocked()
-        assert not returned
+    async def app_ends() -> None:
         channel.close()
-    assert returned
+
+    await _put_waits_until(channel, END, app_ends)
     with trio.fail_after(1):
         await channel.put(END)
         await channel.put(DISCONNECT)
