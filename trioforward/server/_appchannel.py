@@ -100,6 +100,7 @@ class AppChannel:
 async def _run_app(
     channel: AppChannel, app: AppWrapper, config: Config, scope: Any, send: Any
 ) -> None:
+    """One request's app task; closes ``channel`` when the app has ended."""
     try:
         handle: Any = _handle  # Hypercorn's wrapper: logs the app's errors, then ends the stream
         await handle(

@@ -142,11 +142,10 @@ class KeepAliveTCPServer(TCPServer):
         write (the end of message, or a second chunk) or before any other event:
         a whole response is one write (one TCP segment) instead of two
         (Hypercorn writes the head at ``http.response.start`` and each body
-        message as it comes). Streamed (chunked)
-        responses are written as they come. The rest of a partial write, and
-        every write while another is pending, goes through Hypercorn's
-        ``protocol_send``; a cancelled task raises ``Cancelled`` as there (and
-        writes nothing, held head included)."""
+        message as it comes). Streamed (chunked) responses are written as they
+        come. The rest of a partial write, and every write while another is
+        pending, goes through Hypercorn's ``protocol_send``; a cancelled task
+        raises ``Cancelled`` as there (and writes nothing, held head included)."""
         held = self._held_head
         if held is not None:
             self._held_head = None
