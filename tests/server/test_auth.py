@@ -60,3 +60,13 @@ async def test_admin_token_guards_admin_paths(engine: Any) -> None:
     assert allowed.status_code == 200
     assert [e["url"] for e in allowed.json()["engines"]] == [engine.url]
     assert metrics.status_code == 200
+
+
+async def test_an_unknown_caller_gets_401_before_405(engine: Any) -> None:
+    # The key is checked first on every route: no method hints to a caller without one.
+    async with open_gateway(engine.url, api_keys="k1") as gw:
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            fast_path = await client.get("/v1/completions")
+            keyed = await client.get("/v1/completions", headers={"Authorization": "Bearer k1"})
+    assert fast_path.status_code == 401
+    assert keyed.status_code == 405 and keyed.headers["allow"] == "POST"

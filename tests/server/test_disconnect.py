@@ -66,3 +66,36 @@ async def test_client_disconnect_aborts_the_engine_request(
         engine_time = float(lines[0].split("engine_time=")[1].split("s")[0])
         assert engine_time > 0.0, lines
     print(f"upstream aborted {1e3 * elapsed:.1f} ms after the client hung up")
+
+
+async def test_a_client_that_hangs_up_while_queued_is_logged_with_its_queue_time(
+    fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One slot, taken by a long generation: the second request waits in QUEUED,
+    # and its client leaves after 0.2 s. Nothing reaches the engine for it, and
+    # its access line carries the time it waited (found by a fresh-eyes pass:
+    # it said queue=0.000s).
+    caplog.set_level("INFO", logger="trioforward.access")
+    async with open_sim(decode_ms_per_token=50) as engine, open_gateway(
+        engine.url, engine_capacity=1
+    ) as gw:
+        running = await send_raw(gw.url, {"model": "sim-base", "prompt": "x", "max_tokens": 1000})
+        with trio.fail_after(10):
+            await engine.stats.wait_for(lambda s: s.running == 1)
+        queued = await send_raw(gw.url, {"model": "sim-base", "prompt": "y", "max_tokens": 2})
+        await trio.testing.wait_all_tasks_blocked()
+        assert gw.state.client.statistics().queued == 1
+        await trio.sleep(0.2)  # the time it spends queued: what the log must show
+        await queued.aclose()
+        with trio.fail_after(5):
+            while not (lines := [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]):
+                await trio.testing.wait_all_tasks_blocked()
+                await trio.lowlevel.checkpoint()
+        assert lines[0].startswith("POST /v1/completions 499 engine=- attempts=0 "), lines
+        assert float(lines[0].split("queue=")[1].split("s")[0]) >= 0.2, lines
+        await running.aclose()
+        with trio.fail_after(5):
+            await engine.stats.wait_for(lambda s: s.aborted == 1)
+        assert generation_requests(engine) == 1  # the queued one never reached it
+        await trio.testing.wait_all_tasks_blocked()
+        assert gw.state.client.statistics().queued == 0

@@ -108,9 +108,10 @@ class OpenAIForwarder:
             guard.enter()
         try:
             try:
+                # The key first, as on every other route: no 405 to an unknown caller.
+                check_auth(state.settings, path, lambda n: _text(headers.get(n.encode())))
                 if scope["method"] != "POST":
                     raise RequestError(405, f"{path} accepts POST only", code="method_not_allowed")
-                check_auth(state.settings, path, lambda n: _text(headers.get(n.encode())))
                 body = await _read_body(receive, headers, state.settings.max_body_size)
                 data = parse_body(body)
                 ROUTES[path](data)
@@ -168,7 +169,7 @@ async def _forward(
         await _send_dispatch_error(send, err, log)
         return
     finally:
-        log.until(started)  # a client that hung up: the engine time it cost so far
+        log.until(started)  # a client that hung up: where its time went
     log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
     log.status = response.status
     log.complete = True
@@ -208,8 +209,7 @@ async def _relay_stream(
     except TrioforwardError as err:
         await _send_dispatch_error(send, err, log)
     finally:
-        if log.engine is not None:
-            log.engine_time = max(0.0, trio.current_time() - started - log.queue_time)
+        log.until(started)
 
 
 async def _send_dispatch_error(send: Send, err: TrioforwardError, log: _Outcome) -> None:
@@ -332,10 +332,18 @@ class _Outcome:
         self.engine, self.attempts, self.queue_time = engine, attempts, queue_time
 
     def until(self, started: float) -> None:
-        """Engine time of a request that ended without an answer: since ``started``
-        (when it was handed to the dispatch core), minus its queue time."""
-        if self.engine is not None and self.engine_time is None:
-            self.engine_time = max(0.0, trio.current_time() - started - self.queue_time)
+        """Times of a request whose dispatch did not report them (a client that
+        hung up; a stream, whose engine time runs until its end), from
+        ``started`` (handed to the dispatch core) to now: all queue time if it
+        never reached an engine, else engine time after its queue time."""
+        if self.engine_time is not None:
+            return
+        elapsed = trio.current_time() - started
+        if self.engine is None:
+            self.queue_time = elapsed
+            self.engine_time = 0.0
+        else:
+            self.engine_time = max(0.0, elapsed - self.queue_time)
 
     def dispatched(
         self, engine: str | None, attempts: int, queue_time: float, engine_time: float | None
