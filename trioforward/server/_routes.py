@@ -32,6 +32,7 @@ from trioforward._settings import SettingsError, _validate_engine_url
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
 from trioforward.server._state import GatewayState, get_state
+from trioforward.server._validate import parse_body
 
 __all__ = ["install_routes"]
 
@@ -43,16 +44,7 @@ def _json(data: Any, status: int = 200) -> Response:
 
 
 async def _body() -> dict[str, Any]:
-    raw = await request.get_data(as_text=False)
-    if not raw:
-        return {}
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object")
-    return data
+    return parse_body(await request.get_data(as_text=False), allow_empty=True)
 
 
 def _engine_list(data: dict[str, Any]) -> list[str] | None:

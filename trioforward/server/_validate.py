@@ -20,9 +20,12 @@ from trioforward.server._errors import bad_request
 __all__ = ["parse_body", "validate_completion", "validate_chat"]
 
 
-def parse_body(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; raises :class:`RequestError` (400) otherwise."""
+def parse_body(body: bytes | str, *, allow_empty: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object (``{}`` for an empty body when
+    ``allow_empty``); raises :class:`RequestError` (400) otherwise."""
     if not body:
+        if allow_empty:
+            return {}
         raise bad_request("request body is empty; expected a JSON object")
     try:
         data = orjson.loads(body)

@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from trioforward.server._errors import RequestError
+from trioforward.server._validate import parse_body
 from trioforward.server.tinker._futures import Future, FutureGone, FutureUnknown, StoreFull
 from trioforward.server.tinker._requests import BadRequest, make_sampler, parse_sample
 from trioforward.server.tinker._state import TinkerState
@@ -28,15 +30,10 @@ def error(status: int, message: str, code: str) -> Answer:
 
 def parse_json(raw: bytes) -> dict[str, Any]:
     """A request body as a JSON object ({} when empty). Raises :class:`BadRequest`."""
-    if not raw:
-        return {}
     try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise BadRequest(f"body is not JSON: {err}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("body must be a JSON object")
-    return doc
+        return parse_body(raw, allow_empty=True)
+    except RequestError as err:
+        raise BadRequest(err.message) from None
 
 
 def asample(state: TinkerState, body: dict[str, Any]) -> Answer:
