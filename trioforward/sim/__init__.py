@@ -27,6 +27,7 @@ from trioforward.sim._generate import (
     tokenize,
 )
 from trioforward.sim._open import open_engine, open_fleet
+from trioforward.sim._prefix_cache import PrefixCache
 from trioforward.sim._stats import EngineStats
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "Faults",
     "FaultError",
     "Adapters",
+    "PrefixCache",
     "GENERATION_PATHS",
     "VOCAB_SIZE",
     "Sample",

@@ -59,7 +59,8 @@ class Generation:
     ``prompts``: one token-id list per prompt (chat: one, the rendered messages);
     choices are numbered prompt-major: ``index = prompt_no * n + i``.
     ``logprobs``: top-k for generated tokens (chat: ``top_logprobs`` when
-    ``logprobs`` is true), None = no logprobs.
+    ``logprobs`` is true), None = no logprobs. ``cached_tokens``: prompt tokens
+    the engine's prefix cache held (set by an engine with one; None = no cache).
     """
 
     chat: bool
@@ -75,6 +76,7 @@ class Generation:
     return_token_ids: bool = False
     stream: bool = False
     include_usage: bool = False
+    cached_tokens: int | None = None
 
     def samples(self) -> list[Sample]:
         """Every choice's :class:`Sample`, in choice-index order."""
@@ -208,14 +210,19 @@ def _chat_logprobs(tokens: Sequence[int], logprobs: Sequence[float], k: int) -> 
     return {"content": content}
 
 
-def _usage(gen: Generation, samples: list[Sample]) -> dict[str, int]:
+def _usage(gen: Generation, samples: list[Sample]) -> dict[str, Any]:
     prompt = sum(len(p) for p in gen.prompts)  # once per prompt, not per choice (as vLLM)
     completion = sum(len(s.tokens) for s in samples)
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if gen.cached_tokens:
+        # vLLM with --enable-prompt-tokens-details sets this only for a nonzero
+        # count (vllm/entrypoints/openai/serving_completion.py, serving_chat.py).
+        usage["prompt_tokens_details"] = {"cached_tokens": gen.cached_tokens}
+    return usage
 
 
 def complete_body(gen: Generation, samples: list[Sample], rid: str, created: int) -> bytes:

@@ -99,6 +99,20 @@ _SECONDS = click.FloatRange(min=0)
     show_default=True,
     help="Time a load request takes (s).",
 )
+@click.option(
+    "--prefix-cache-tokens",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Prefix cache capacity in tokens (vLLM automatic prefix caching, LRU); 0 = no cache.",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Prefix cache block size in tokens (vLLM --block-size).",
+)
 def sim_engine(
     host: str,
     port: int,
@@ -113,6 +127,8 @@ def sim_engine(
     no_runtime_lora: bool,
     unknown_model_status: str,
     adapter_load_seconds: float,
+    prefix_cache_tokens: int,
+    block_size: int,
 ) -> None:
     """Run a simulated vLLM-compatible engine (faults: POST /sim/faults; counters: GET /sim/stats)."""
     options = dict(
@@ -129,7 +145,13 @@ def sim_engine(
         runtime_lora=not no_runtime_lora,
         unknown_model_status=int(unknown_model_status),
         adapter_load_seconds=adapter_load_seconds,
+        prefix_cache_tokens=prefix_cache_tokens,
+        block_size=block_size,
     )
+    if 0 < prefix_cache_tokens < block_size:
+        raise click.BadParameter(
+            f"must hold at least one block ({block_size} tokens)", param_hint="--prefix-cache-tokens"
+        )
 
     async def run() -> None:
         async with open_engine(**options) as engine:  # type: ignore[arg-type]

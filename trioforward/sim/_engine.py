@@ -11,6 +11,11 @@ A *prefill stall* (:meth:`SimEngine.prefill_stall`) slows every running decode
 by ``slowdown`` for a while, as a long prompt arriving on a busy engine does;
 ``slowdown=inf`` halts decoding (even instant decoding) until it ends, which
 tests use to hold requests in flight deterministically.
+
+With a prefix cache (``prefix_cache_tokens`` > 0, see ``_prefix_cache``) the
+prefill is charged only for the tokens after the longest cached prefix, as
+vLLM's automatic prefix caching does; either way the engine counts the prompt
+tokens it computed and those it found cached.
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ from trioforward.sim._adapters import NOT_FOUND_DETAIL, Adapters
 from trioforward.sim._api import ApiError, Generation, complete_body, parse_generation, stream_steps
 from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
 from trioforward.sim._http import Exchange, reset_stream, serve_connection
+from trioforward.sim._prefix_cache import (
+    DEFAULT_BLOCK_SIZE,
+    PrefixCache,
+    cache_outputs,
+    prefill_tokens,
+)
 from trioforward.sim._stats import EngineStats
 
 __all__ = ["SimEngine"]
@@ -71,6 +82,8 @@ class SimEngine:
         missing_paths: Collection[str] = (),
         adapter_load_seconds: float = 0.0,
         backlog: int = 4096,
+        prefix_cache_tokens: int = 0,
+        block_size: int = DEFAULT_BLOCK_SIZE,
     ) -> None:
         if capacity < 0:
             raise ValueError("capacity must be >= 0 (0 = unlimited)")
@@ -85,6 +98,9 @@ class SimEngine:
         self.keep_alive = math.inf if keep_alive is None else keep_alive
         self.backlog = backlog
         self.stats = EngineStats()
+        self.prefix_cache = (
+            PrefixCache(prefix_cache_tokens, block_size) if prefix_cache_tokens > 0 else None
+        )
         self._accepting: trio.CancelScope | None = None
         self._faults_event = trio.Event()
         self.faults = Faults()
@@ -250,7 +266,7 @@ class SimEngine:
             remaining -= (trio.current_time() - now) * rate
 
     async def _prefill(self, gen: Generation) -> None:
-        seconds = self.prefill_ms_per_token * sum(map(len, gen.prompts)) / 1000.0
+        seconds = self.prefill_ms_per_token * prefill_tokens(self.prefix_cache, self.stats, gen) / 1000.0
         if seconds > 0:
             await trio.sleep(seconds)
 
@@ -272,6 +288,10 @@ class SimEngine:
             return await ex.respond(*await self.adapters.load(body))
         if path == "/v1/unload_lora_adapter" and method == b"POST":
             return await ex.respond(*self.adapters.unload(body))
+        if path == "/reset_prefix_cache" and method == b"POST":
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
+            return await ex.respond(200, _JSON, b"")
         if path == "/sim/stats":
             return await ex.respond(200, _JSON, orjson.dumps(self.stats.snapshot()))
         if path == "/sim/faults":
@@ -331,7 +351,9 @@ class SimEngine:
             if stats.running > stats.peak_running:
                 stats.peak_running = stats.running
             try:
+                prefill_tokens(self.prefix_cache, self.stats, gen)
                 samples = gen.samples()
+                cache_outputs(self.prefix_cache, gen, samples)
             finally:
                 stats.running -= 1
             if gen.stream:
@@ -370,9 +392,11 @@ class SimEngine:
                     await self._decode(1)
                     await ex.send_chunk(step)
                 await self._decode(1)
+                cache_outputs(self.prefix_cache, gen, samples)
                 await ex.end_stream(steps[-1])
             else:
                 await self._decode(max((len(s.tokens) for s in samples), default=0))
+                cache_outputs(self.prefix_cache, gen, samples)
                 await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
         finally:
             stats.running -= 1

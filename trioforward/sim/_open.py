@@ -31,6 +31,8 @@ class EngineOptions(TypedDict, total=False):
     missing_paths: Collection[str]
     adapter_load_seconds: float
     backlog: int
+    prefix_cache_tokens: int
+    block_size: int
 
 
 @asynccontextmanager
@@ -51,6 +53,8 @@ async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngi
     - ``unknown_model_status``: 404 (default) or 400 for an unknown model/adapter.
     - ``missing_paths``: adapter paths that do not exist (so does any path containing "missing").
     - ``adapter_load_seconds``: time a load request takes.
+    - ``prefix_cache_tokens``: capacity of the prefix cache in tokens (0 = no cache);
+      ``block_size``: its block size in tokens (default 16, as vLLM).
 
     On exit every connection is closed and background work is cancelled.
     Raises ``OSError`` if the port cannot be bound.

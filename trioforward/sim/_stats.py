@@ -32,6 +32,9 @@ class EngineStats:
       ``queued`` / ``peak_queued``: waiting for capacity now / at most.
     - ``adapter_loads``: ``Counter[name]`` (load endpoint and lazy loads);
       ``lazy_loads``: ``Counter[name]``; ``adapter_unloads``: ``Counter[name]``.
+    - ``prompt_tokens_computed`` / ``prompt_tokens_cached``: prompt tokens
+      prefilled / found in the prefix cache (each prompt once, whatever ``n``;
+      cached is always 0 without a prefix cache).
     - ``rejected``: answers injected by the ``reject`` fault;
       ``faults``: ``Counter[fault name]`` of every fault applied.
 
@@ -57,6 +60,8 @@ class EngineStats:
         self.adapter_loads: Counter[str] = Counter()
         self.lazy_loads: Counter[str] = Counter()
         self.adapter_unloads: Counter[str] = Counter()
+        self.prompt_tokens_computed = 0
+        self.prompt_tokens_cached = 0
         self.rejected = 0
         self.faults: Counter[str] = Counter()
         self._waiters = 0
