@@ -45,7 +45,7 @@ class Settings:
     """All knobs; times in seconds, ``None`` = no limit. Raises :class:`SettingsError`."""
 
     # --- engines and dispatch -------------------------------------------------
-    engines: tuple[str, ...] = _knob((), "engine base URLs (http://host:port)", "URL list", "engines")
+    engines: tuple[str, ...] = _knob((), "engine roots, http://host:port (no /v1, query or credentials: docs/server.md, \"Engine URLs\")", "URL list", "engines")
     engine_capacity: int = _knob(256, "requests run at once per engine (vLLM max_num_seqs); 0 = unlimited", "requests")
     max_connections_per_engine: int | None = _knob(None, "connection slots per engine; unset = engine_capacity; 0 = unlimited", "connections")
     idle_expiry: float = _knob(4.0, "idle keep-alive connections older than this are closed, not reused (below the engines' 5 s)", "s")
@@ -243,25 +243,9 @@ def _validate(name: str, value: Any) -> None:
 
 
 def _validate_engine_url(url: str) -> None:
-    from urllib.parse import urlsplit
+    from trioforward._engine_url import EngineURLError, engine_url
 
-    shape = "an engine URL must look like http://host:port"
     try:
-        parts = urlsplit(url)
-        port = parts.port  # raises for a port that is not a number or out of range
-    except ValueError as exc:
-        raise SettingsError("engines", url, f"{shape} ({exc})") from None
-    if parts.scheme != "http" or not parts.hostname:
-        raise SettingsError("engines", url, shape)
-    if port == 0:
-        raise SettingsError("engines", url, f"{shape} (port 0)")
-    if parts.username is not None or parts.password is not None:
-        raise SettingsError("engines", url, f"{shape} (credentials in URLs are not supported)")
-    if parts.query or parts.fragment:
-        raise SettingsError("engines", url, f"{shape} (no query or fragment)")
-    if parts.path.rstrip("/").endswith("/v1"):
-        # The gateway appends /v1/completions itself: an OpenAI base URL would
-        # send every request to /v1/v1/completions.
-        raise SettingsError(
-            "engines", url, f"{shape}: give the engine's root, not its OpenAI base URL (drop /v1)"
-        )
+        engine_url(url)
+    except EngineURLError as exc:
+        raise SettingsError("engines", url, exc.reason) from None

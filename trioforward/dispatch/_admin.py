@@ -23,6 +23,9 @@ class Engines:
     def add(self, url: str) -> EngineInfo:
         """Register ``url`` (``http://host:port``); starts its health probes. Idempotent.
 
+        Raises :class:`~trioforward._engine_url.EngineURLError` (a ``ValueError``)
+        saying what is wrong with a bad URL (docs/server.md, "Engine URLs").
+
         An engine added while every engine is paused (``pause()`` with no list)
         starts paused too.
         """

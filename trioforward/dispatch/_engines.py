@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from trioforward._engine_url import engine_url
 from trioforward.dispatch._routing import stable_hash
 from trioforward.http._models import parse_target
 
@@ -180,8 +181,9 @@ class Registry:
     # -- membership -----------------------------------------------------------
 
     def add(self, url: str) -> Engine:
-        """Register ``url`` (idempotent). Raises ``ValueError`` for a bad URL."""
-        key = url.rstrip("/")
+        """Register ``url`` (idempotent). Raises :class:`EngineURLError` (a ``ValueError``)
+        naming what is wrong with a bad URL (docs/server.md, "Engine URLs")."""
+        key = engine_url(url)
         engine = self.by_url.get(key)
         if engine is not None:
             return engine

@@ -28,7 +28,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from trioforward._settings import SettingsError, _validate_engine_url
+from trioforward._engine_url import EngineURLError, engine_url
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
 from trioforward.server._state import GatewayState, get_state
@@ -68,13 +68,12 @@ def _known_engines(state: GatewayState, data: dict[str, Any]) -> list[str] | Non
 
 
 def _url(value: object) -> str:
-    if not isinstance(value, str):
-        raise bad_request("'url' must be an engine URL (http://host:port)", "url")
+    """``value`` as an engine URL (the one rule: docs/server.md, "Engine URLs");
+    400 ``invalid_engine_url`` saying what is wrong with it otherwise."""
     try:
-        _validate_engine_url(value)
-    except SettingsError as exc:
-        raise bad_request(str(exc), "url") from None
-    return value.rstrip("/")
+        return engine_url(value)
+    except EngineURLError as exc:
+        raise RequestError(400, str(exc), code="invalid_engine_url", param="url") from None
 
 
 def _engines_json(state: GatewayState) -> dict[str, Any]:
@@ -173,11 +172,11 @@ def install_routes(app: QuartTrio) -> None:
     async def add_engine() -> Response:
         state = get_state()
         url = _url((await _body()).get("url"))
-        try:
-            state.client.engines.add(url)
-        except ValueError as exc:  # a URL the HTTP layer cannot use
-            raise bad_request(str(exc), "url") from None
-        return _json(_engines_json(state), 201)
+        # Idempotent, as PUT would be: re-adding a registered engine is 200 with
+        # the list unchanged; 201 only when this call created the record.
+        known = url in {e.url for e in state.client.engines.list()}
+        state.client.engines.add(url)
+        return _json(_engines_json(state), 200 if known else 201)
 
     @app.delete("/admin/engines")
     async def remove_engine() -> Response:
