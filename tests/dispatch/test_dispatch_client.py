@@ -100,6 +100,34 @@ async def test_stream_relays_sse(fd_baseline: int) -> None:
         assert engine.stats.completed == 1
 
 
+async def test_stream_holds_capacity_and_connection_until_the_block_exits(
+    fd_baseline: int,
+) -> None:
+    async with open_engine(decode_ms_per_token=1) as engine, client_for(engine) as client:
+        async with client.stream(COMPLETION, json=body(max_tokens=5, stream=True)) as fs:
+            await fs.aread()  # the body is complete, the block has not exited yet
+            stats = client.statistics()
+            assert stats.in_flight == 1 and stats.pool.active == 1 and stats.pool.idle == 0
+            assert fs.engine_time > 0
+        stats = client.statistics()
+        assert stats.in_flight == 0 and stats.pool.active == 0 and stats.pool.idle == 1
+        (info,) = client.engines.list()
+        assert info.in_flight == 0
+
+
+async def test_an_exception_in_the_stream_block_releases_capacity_and_closes_upstream(
+    fd_baseline: int,
+) -> None:
+    async with open_engine(decode_ms_per_token=1) as engine, client_for(engine) as client:
+        with pytest.raises(RuntimeError):
+            async with client.stream(COMPLETION, json=body(max_tokens=5, stream=True)):
+                raise RuntimeError("caller gave up")
+        stats = client.statistics()
+        assert stats.in_flight == 0 and stats.pool.active == 0
+        with trio.fail_after(10):
+            await engine.stats.wait_for(lambda s: s.aborted == 1)
+
+
 async def test_stream_retries_before_headers(fd_baseline: int) -> None:
     async with open_engine() as engine, client_for(engine) as client:
         engine.faults.reject = 1

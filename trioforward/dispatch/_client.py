@@ -29,7 +29,7 @@ from trioforward.dispatch._request import (
 )
 from trioforward.dispatch._routing import stable_hash
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
-from trioforward.errors import DispatchAborted, EngineRejected
+from trioforward.errors import EngineRejected
 from trioforward.http import ConnectionPool, open_pool
 
 __all__ = ["Client", "open_client"]
@@ -108,18 +108,6 @@ class Client:
         session_hash = stable_hash(key) if key is not None and self._session_routing else None
         return Request(method, path, pairs, content, model, is_adapter, session_hash)
 
-    def _aborted(self, req: Request) -> DispatchAborted:
-        reason = req.abort_reason or "request aborted"
-        err = DispatchAborted(
-            f"{reason}; the request was aborted",
-            phase=req.phase,
-            attempts=req.attempts,
-            engine=req.engine_url,
-        )
-        err.queue_time = req.queue_time
-        err.engine_time = req.engine_time
-        return err
-
     async def post(
         self,
         path: str,
@@ -167,24 +155,17 @@ class Client:
         """As :meth:`post`, with any method (``GET /v1/models`` ...)."""
         req = self._request(method, path, json, content, headers, session)
         req.on_dispatch = on_dispatch
-        dispatcher = self._dispatcher
-        arrival = dispatcher.admit()
-        try:
-            with req.scope:
-                answer = await dispatcher.run(req, arrival)
-                return ForwardResponse(
-                    answer.status,
-                    strip_response_headers(answer.headers),
-                    answer.content,
-                    answer.engine.url,
-                    req.attempts,
-                    req.queue_time,
-                    req.engine_time,
-                    tuple(req.retries) if req.retries else (),
-                )
-            raise self._aborted(req)
-        finally:
-            dispatcher.outstanding -= 1
+        reply = await self._dispatcher.request(req)
+        return ForwardResponse(
+            reply.status,
+            strip_response_headers(reply.headers),
+            reply.content,
+            reply.engine.url,
+            req.attempts,
+            req.queue_time,
+            req.engine_time,
+            tuple(req.retries) if req.retries else (),
+        )
 
     @asynccontextmanager
     async def stream(
@@ -204,22 +185,8 @@ class Client:
         """
         req = self._request(method, path, json, content, headers, session)
         req.on_dispatch = on_dispatch
-        dispatcher = self._dispatcher
-        arrival = dispatcher.admit()
-        try:
-            with req.scope:
-                answer = await dispatcher.run(req, arrival, stream=True)
-                try:
-                    yield ForwardStream(req, answer)
-                finally:
-                    ctx = answer.ctx
-                    if ctx is not None:
-                        await ctx.__aexit__(None, None, None)
-                        dispatcher.finish(req, answer.engine, answer.start)
-            if req.scope.cancelled_caught:
-                raise self._aborted(req)
-        finally:
-            dispatcher.outstanding -= 1
+        async with self._dispatcher.stream(req) as reply:
+            yield ForwardStream(req, reply)
 
     async def complete(
         self,

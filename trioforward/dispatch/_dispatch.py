@@ -1,6 +1,8 @@
 """Where, when and whether again: one request from QUEUED to its answer (DESIGN §4).
 
-``Dispatcher.run`` routes a :class:`Request`, waits for the engine's capacity
+``Dispatcher.request`` (whole answer) and ``async with Dispatcher.stream(...)``
+(body read inside the block) share one attempt loop, ``_dispatch``. It routes a
+:class:`Request`, waits for the engine's capacity
 (QUEUED: bounded only by ``queue_timeout``), computes the dispatch deadline once
 (``dispatch_timeout`` from capacity acquired) and makes attempts under it. After
 every attempt it asks ``_policy`` what the outcome means and carries the
@@ -8,6 +10,11 @@ decision out: return, raise the gateway error, or retry — at once on a fresh
 connection, after a backoff, after loading an adapter, or on another engine.
 Moving to another engine gives the capacity back and queues again; that queue
 time is not charged to the dispatch budget (the remaining budget is carried over).
+
+Lifetimes are syntactic: ``outstanding`` is counted up and down in that one
+loop, an engine's capacity is held inside one ``try`` per engine and given back
+in its ``finally``, and a streamed body's connection is closed (or parked) when
+the ``stream`` block exits — nowhere else.
 
 Cancellation: the caller's cancellation propagates at once (the pool closes the
 upstream connection, so the engine aborts); it is never retried.
@@ -18,7 +25,8 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 
@@ -26,7 +34,7 @@ from trioforward._settings import Settings
 from trioforward.dispatch._adapters import AdapterLoader
 from trioforward.dispatch._budget import RetryBudget
 from trioforward.dispatch._engines import Engine, Registry
-from trioforward.dispatch._outcome import Answer, gateway_error, retry_after
+from trioforward.dispatch._outcome import Reply, gateway_error, retry_after
 from trioforward.dispatch._policy import (
     Action,
     Decision,
@@ -48,12 +56,11 @@ from trioforward.http import (
     PoolError,
     PoolTimeout,
     Response,
-    StreamContext,
     StreamResponse,
 )
 from trioforward.http._errors import Phase
 
-__all__ = ["Dispatcher", "Answer"]
+__all__ = ["Dispatcher", "Reply"]
 
 _inf = math.inf
 _NO_COUNTS = RetryCounts()  # read-only: what a request with no retries yet has made
@@ -96,18 +103,7 @@ class Dispatcher:
         self.retries: Counter[tuple[str, str]] = Counter()
         self.responses: Counter[tuple[str, int]] = Counter()
 
-    # -- admission and QUEUED ---------------------------------------------------
-
-    def admit(self) -> float:
-        """Count a new request; returns the arrival time. Raises :class:`QueueFull`
-        beyond ``max_queued`` outstanding requests."""
-        if self.max_queued and self.outstanding >= self.max_queued:
-            raise QueueFull(f"more than {self.max_queued} requests outstanding (max_queued)")
-        self.outstanding += 1
-        self.requests_total += 1
-        now = trio.current_time()
-        self.budget.deposit(now)
-        return now
+    # -- QUEUED -------------------------------------------------------------------
 
     async def _acquire(
         self, req: Request, avoid: Engine | None, queue_deadline: float, now: float
@@ -184,69 +180,114 @@ class Dispatcher:
 
     # -- dispatch ---------------------------------------------------------------
 
-    def finish(self, req: Request, engine: Engine, start: float) -> float:
-        """Give the engine's capacity back (after the answer, or to move on). Returns now."""
-        self.in_flight -= 1
-        engine.calls.discard(req)
-        engine.limiter.release_on_behalf_of(req)
-        engine.call_finished()
-        now = trio.current_time()
-        req.engine_time += now - start
-        return now
+    async def request(self, req: Request) -> Reply:
+        """Forward ``req`` and read the whole answer (any status): a :class:`Reply`
+        whose engine capacity and connection are already given back.
 
-    async def run(self, req: Request, arrival: float, *, stream: bool = False) -> Answer:
-        """Forward ``req`` (admitted at ``arrival``) under the retry rules.
-
-        Returns the final :class:`Answer`. Raises a :class:`TrioforwardError`
-        subclass with ``.phase``, ``.attempts``, ``.engine``, ``.queue_time`` and
-        ``.engine_time`` set.
+        Raises a :class:`TrioforwardError` subclass with ``.phase``,
+        ``.attempts``, ``.engine``, ``.queue_time`` and ``.engine_time`` set
+        (:class:`QueueFull` beyond ``max_queued`` outstanding requests,
+        :class:`DispatchAborted` when ``req`` is aborted).
         """
-        budget = self.dispatch_timeout
-        avoid: Engine | None = None
-        queue_deadline = _inf if self.queue_timeout is None else arrival + self.queue_timeout
-        t0 = arrival
+        async with self._dispatch(req, stream=False) as reply:
+            return reply
+
+    def stream(self, req: Request) -> AbstractAsyncContextManager[Reply]:
+        """``async with dispatcher.stream(req) as reply:`` — as :meth:`request`, but
+        a 2xx/3xx answer's body is read inside the block from ``reply.body``.
+
+        The engine's capacity and the connection are held until the block
+        exits, and leaving it is the only place they are given back (the
+        connection is parked if the body was read to its end, else closed, so
+        the engine aborts). An error status (>= 400) comes with its body read
+        into ``reply.content`` and ``reply.body`` is ``None``.
+        """
+        return self._dispatch(req, stream=True)
+
+    @asynccontextmanager
+    async def _dispatch(self, req: Request, *, stream: bool) -> AsyncIterator[Reply]:
+        """The attempt loop of both :meth:`request` and :meth:`stream`.
+
+        Admission (``outstanding``), QUEUED, and per engine the attempts under
+        the dispatch deadline; moving to another engine gives the capacity back
+        and queues again (that queue time is not charged to the dispatch
+        budget: the remaining budget is carried over). Every
+        :class:`TrioforwardError` leaving it carries the request's facts
+        (:meth:`Request.stamp`).
+        """
+        if self.max_queued and self.outstanding >= self.max_queued:
+            raise QueueFull(f"more than {self.max_queued} requests outstanding (max_queued)")
+        self.outstanding += 1
         try:
-            while True:
-                self.queued += 1
+            self.requests_total += 1
+            arrival = trio.current_time()
+            self.budget.deposit(arrival)
+            with req.scope:
                 try:
-                    # The queue deadline moves by the time spent dispatched (re-routes).
-                    engine, start = await self._acquire(
-                        req, avoid, queue_deadline + req.engine_time, t0
+                    budget = self.dispatch_timeout
+                    avoid: Engine | None = None
+                    queue_deadline = (
+                        _inf if self.queue_timeout is None else arrival + self.queue_timeout
                     )
-                except BaseException:
-                    req.queue_time += trio.current_time() - t0
+                    t0 = arrival
+                    while True:
+                        # The queue deadline moves by the time spent dispatched (re-routes).
+                        engine, start = await self._queue(
+                            req, avoid, queue_deadline + req.engine_time, t0
+                        )
+                        deadline = start + budget
+                        self.in_flight += 1
+                        engine.in_flight += 1
+                        engine.calls.add(req)
+                        req.engine = engine
+                        req.dispatched_at = start
+                        try:
+                            reply = await self._attempts(req, engine, deadline, stream)
+                            if reply is not None:
+                                try:
+                                    yield reply
+                                finally:
+                                    if reply.body is not None:
+                                        reply.body.close()
+                                return
+                        finally:
+                            self.in_flight -= 1
+                            engine.calls.discard(req)
+                            engine.limiter.release_on_behalf_of(req)
+                            engine.call_finished()
+                            t0 = trio.current_time()
+                            req.engine_time += t0 - start
+                            req.dispatched_at = None
+                        budget = max(0.0, deadline - t0)
+                        avoid = engine
+                except TrioforwardError as exc:
+                    req.stamp(exc)
                     raise
-                finally:
-                    self.queued -= 1
-                req.queue_time += start - t0
-                deadline = start + budget
-                self.in_flight += 1
-                engine.in_flight += 1
-                engine.calls.add(req)
-                req.engine = engine
-                handed_over = False
-                try:
-                    answer = await self._attempts(req, engine, deadline, start, stream)
-                    if answer is not None:
-                        handed_over = answer.ctx is not None
-                        return answer
-                finally:
-                    if not handed_over:
-                        t0 = self.finish(req, engine, start)
-                budget = max(0.0, deadline - t0)
-                avoid = engine
-        except TrioforwardError as exc:
-            exc.attempts = req.attempts
-            exc.engine = req.engine_url
-            exc.queue_time = req.queue_time
-            exc.engine_time = req.engine_time
+            raise req.stamp(req.aborted())
+        finally:
+            self.outstanding -= 1
+
+    async def _queue(
+        self, req: Request, avoid: Engine | None, queue_deadline: float, t0: float
+    ) -> tuple[Engine, float]:
+        """QUEUED from ``t0``: :meth:`_acquire`, counted in ``queued`` and ``req.queue_time``."""
+        self.queued += 1
+        try:
+            engine, start = await self._acquire(req, avoid, queue_deadline, t0)
+        except BaseException:
+            req.queue_time += trio.current_time() - t0
             raise
+        finally:
+            self.queued -= 1
+        req.queue_time += start - t0
+        return engine, start
 
     async def _attempts(
-        self, req: Request, engine: Engine, deadline: float, start: float, stream: bool
-    ) -> Answer | None:
+        self, req: Request, engine: Engine, deadline: float, stream: bool
+    ) -> Reply | None:
         """Attempts on ``engine`` until an answer (returned), an error (raised) or a
-        decision to move to another engine (``None``)."""
+        decision to move to another engine (``None``). A returned stream's
+        ``body`` is open: the caller closes it."""
         pool = self.pool
         url = engine.url + req.url_path
         model = req.model
@@ -261,28 +302,26 @@ class Dispatcher:
                     await self.loader.wait_pending(engine, model)
                 epoch = engine.adapter_epoch.get(model, 0)
             req.phase = Phase.CONNECT
-            ctx: StreamContext | None = None
-            sresp: StreamResponse | None = None
+            body: StreamResponse | None = None
             try:
                 if stream:
-                    ctx = pool.stream(
+                    body = await pool.stream(
                         req.method,
                         url,
                         headers=req.headers,
                         content=req.content,
                         deadline=deadline,
                         read_timeout=self.read_timeout,
-                    )
-                    sresp = await ctx.__aenter__()
-                    status, headers, content = sresp.status, sresp.headers, b""
+                    ).open()
+                    status, headers, content = body.status, body.headers, b""
                     if status >= 400:
                         # Error bodies are small: read them for the decision, and so
                         # the connection can be reused.
                         try:
-                            content = await sresp.aread()
+                            content = await body.aread()
                         finally:
-                            await ctx.__aexit__(None, None, None)
-                        ctx = sresp = None
+                            body.close()
+                        body = None
                 else:
                     response: Response = await pool.request(
                         req.method,
@@ -306,7 +345,7 @@ class Dispatcher:
                     assert model is not None
                     engine.adapters_loaded.add(model)
                 if status < 400:
-                    return Answer(engine, status, headers, content, sresp, ctx, start)
+                    return Reply(engine, status, headers, content, body, deadline)
                 req.phase = Phase.AWAIT_HEADERS
                 decision = decide_status(
                     status,
@@ -318,13 +357,13 @@ class Dispatcher:
                     rand=self.rand,
                 )
                 if decision.action is Action.RETURN:
-                    return Answer(engine, status, headers, content, None, None, start)
+                    return Reply(engine, status, headers, content, None, deadline)
                 last_error = None
             # -- a retry was decided ------------------------------------------------
             if not self._may_retry(req, decision):
                 if last_error is not None:
                     raise self._error(req, last_error, deadline) from last_error
-                return Answer(engine, status, headers, content, None, None, start)
+                return Reply(engine, status, headers, content, None, deadline)
             phase = last_error.phase.value if last_error is not None else _STATUS_PHASE
             req.note_retry(phase, decision.reason)
             self.retries[(phase, decision.reason)] += 1
@@ -336,7 +375,7 @@ class Dispatcher:
                     # No time left for another attempt: the last outcome stands.
                     if last_error is not None:
                         raise self._error(req, last_error, deadline) from last_error
-                    return Answer(engine, status, headers, content, None, None, start)
+                    return Reply(engine, status, headers, content, None, deadline)
                 await trio.sleep(decision.delay)
             if decision.fresh_connection:
                 pool.close_idle(engine.origin)

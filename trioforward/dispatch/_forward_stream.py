@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 
 import trio
 
-from trioforward.dispatch._outcome import Answer, gateway_error
+from trioforward.dispatch._outcome import Reply, gateway_error
 from trioforward.dispatch._request import Request, strip_response_headers
 from trioforward.http import PoolError
 from trioforward.http._errors import Phase
@@ -35,47 +34,39 @@ class ForwardStream:
         "queue_time",
         "retries",
         "_req",
-        "_answer",
+        "_reply",
     )
 
-    def __init__(self, req: Request, answer: Answer) -> None:
-        self.status = answer.status
-        self.headers = strip_response_headers(answer.headers)
-        self.engine = answer.engine.url
+    def __init__(self, req: Request, reply: Reply) -> None:
+        self.status = reply.status
+        self.headers = strip_response_headers(reply.headers)
+        self.engine = reply.engine.url
         self.attempts = req.attempts
         self.queue_time = req.queue_time
         self.retries = tuple(req.retries) if req.retries else ()
         self._req = req
-        self._answer = answer
+        self._reply = reply
 
     @property
     def engine_time(self) -> float:
         """Seconds since dispatch (so far, while the body is still arriving)."""
-        return self._req.engine_time + (
-            trio.current_time() - self._answer.start if self._answer.ctx else 0.0
-        )
+        return self._req.engine_time_now()
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         """The body as it arrives, in pieces of up to 64 KiB."""
-        answer = self._answer
-        if answer.stream is None:
-            if answer.content:
-                yield answer.content
+        reply = self._reply
+        if reply.body is None:
+            if reply.content:
+                yield reply.content
             return
         req = self._req
         try:
-            async for chunk in answer.stream.aiter_bytes():
+            async for chunk in reply.body.aiter_bytes():
                 yield chunk
         except PoolError as exc:
             req.phase = Phase.READ_BODY
-            ctx = answer.ctx
-            deadline = ctx.deadline if ctx is not None else math.inf
-            error = gateway_error(exc, self.engine, deadline, trio.current_time())
-            error.attempts = req.attempts
-            error.engine = self.engine
-            error.queue_time = req.queue_time
-            error.engine_time = self.engine_time
-            raise error from exc
+            error = gateway_error(exc, self.engine, reply.deadline, trio.current_time())
+            raise req.stamp(error) from exc
 
     async def aread(self) -> bytes:
         """The rest of the body as one ``bytes``."""

@@ -7,20 +7,24 @@ import math
 from trioforward.dispatch._engines import Engine
 from trioforward.dispatch._policy import parse_retry_after
 from trioforward.errors import DispatchTimeout, EngineConnectError, TrioforwardError, UpstreamBroken
-from trioforward.http import PoolError, PoolTimeout, StreamContext, StreamResponse
+from trioforward.http import PoolError, PoolTimeout, StreamResponse
 from trioforward.http._errors import Phase
 
-__all__ = ["Answer", "gateway_error", "retry_after"]
+__all__ = ["Reply", "gateway_error", "retry_after"]
 
 
-class Answer:
-    """What ``run`` hands back: the engine's response and, for a stream, its context.
+class Reply:
+    """An engine's answer as the attempt loop hands it back.
 
-    For a stream with a 2xx/3xx status, ``ctx`` is open and the request still
-    holds the engine's capacity: the caller must ``finish`` it.
+    ``status``, ``headers`` (lower-case bytes pairs, hop-by-hop not yet removed)
+    and ``content`` (the whole body, or ``b""`` for an open stream) are the
+    engine's; ``body`` is the open :class:`StreamResponse` of a 2xx/3xx stream
+    (closed when ``dispatcher.stream``'s block exits), else ``None``;
+    ``deadline`` is the dispatch deadline it ran under (``trio.current_time()``
+    scale).
     """
 
-    __slots__ = ("engine", "status", "headers", "content", "stream", "ctx", "start")
+    __slots__ = ("engine", "status", "headers", "content", "body", "deadline")
 
     def __init__(
         self,
@@ -28,17 +32,15 @@ class Answer:
         status: int,
         headers: list[tuple[bytes, bytes]],
         content: bytes,
-        stream: StreamResponse | None,
-        ctx: StreamContext | None,
-        start: float,
+        body: StreamResponse | None,
+        deadline: float,
     ) -> None:
         self.engine = engine
         self.status = status
         self.headers = headers
         self.content = content
-        self.stream = stream
-        self.ctx = ctx
-        self.start = start
+        self.body = body
+        self.deadline = deadline
 
 
 def gateway_error(

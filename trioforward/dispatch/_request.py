@@ -8,11 +8,12 @@ and where attempts, phases and times accumulate for errors and statistics.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
 from trioforward.dispatch._policy import RetryCounts
+from trioforward.errors import DispatchAborted, TrioforwardError
 from trioforward.http._errors import Phase
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ OnDispatch = Callable[[str, int, float], None]
 HeaderInput = (
     Mapping[str, str] | Mapping[bytes, bytes] | Iterable[tuple[str | bytes, str | bytes]] | None
 )
+
+E = TypeVar("E", bound=TrioforwardError)
 
 _JSON_ONLY: Headers = [(b"content-type", b"application/json")]
 _NO_HEADERS: Headers = []
@@ -105,6 +108,7 @@ class Request:
         "engine",
         "queue_time",
         "engine_time",
+        "dispatched_at",
         "retries",
         "counts",
         "on_dispatch",
@@ -136,6 +140,7 @@ class Request:
         self.engine: Engine | None = None
         self.queue_time = 0.0
         self.engine_time = 0.0
+        self.dispatched_at: float | None = None  # while holding an engine's capacity
         self.retries: list[tuple[str, str]] | None = None
         self.counts: RetryCounts | None = None
         self.on_dispatch: OnDispatch | None = None
@@ -149,6 +154,27 @@ class Request:
     @property
     def engine_url(self) -> str | None:
         return self.engine.url if self.engine is not None else None
+
+    def engine_time_now(self) -> float:
+        """Seconds dispatched so far (s), including the engine it is on now."""
+        if self.dispatched_at is None:
+            return self.engine_time
+        return self.engine_time + trio.current_time() - self.dispatched_at
+
+    def stamp(self, err: E) -> E:
+        """Fill in what ``err`` reports about this request: ``.attempts``,
+        ``.engine``, ``.queue_time`` and ``.engine_time`` (s). The one place
+        these fields are set; returns ``err``."""
+        err.attempts = self.attempts
+        err.engine = self.engine_url
+        err.queue_time = self.queue_time
+        err.engine_time = self.engine_time_now()
+        return err
+
+    def aborted(self) -> DispatchAborted:
+        """The error of a request cancelled through :meth:`abort` (not yet stamped)."""
+        reason = self.abort_reason or "request aborted"
+        return DispatchAborted(f"{reason}; the request was aborted", phase=self.phase)
 
     def retry_counts(self) -> RetryCounts:
         counts = self.counts

@@ -23,9 +23,10 @@ from trioforward.http._connection import (
     header_list,
 )
 from trioforward.http._errors import Phase
-from trioforward.http._models import Response
+from trioforward.http._models import PoolStatistics, Response
 from trioforward.http._phases import Attempt
 from trioforward.http._slots import OriginSlots
+from trioforward.http._stream import StreamContext
 
 __all__ = ["ConnectionPool", "open_pool"]
 
@@ -51,16 +52,42 @@ _METHODS.update({m: m for m in list(_METHODS.values())})
 _Headers = list[tuple[str | bytes, str | bytes]] | None
 
 
-class ConnectionPool(OriginSlots):
+class ConnectionPool:
     """HTTP/1.1 keep-alive connections to many origins. Create with :func:`open_pool`.
 
     ``ConnectionPool(max_connections=0, idle_expiry=4.0, connect_timeout=60.0)``:
     ``max_connections`` is per origin (``0`` = unlimited); ``idle_expiry`` (s)
     is the longest a parked connection is trusted; ``connect_timeout`` (s,
-    ``None`` = none) bounds each TCP connect. ``statistics()`` and
-    ``close_idle()`` are documented on :class:`OriginSlots`. Not thread-safe;
-    use from one trio run.
+    ``None`` = none) bounds each TCP connect. Not thread-safe; use from one
+    trio run. The slot bookkeeping lives in :class:`~trioforward.http._slots.OriginSlots`.
     """
+
+    __slots__ = ("_slots",)
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 0,
+        idle_expiry: float = 4.0,
+        connect_timeout: float | None = 60.0,
+    ) -> None:
+        self._slots = OriginSlots(
+            max_connections=max_connections,
+            idle_expiry=idle_expiry,
+            connect_timeout=connect_timeout,
+        )
+
+    def statistics(self) -> PoolStatistics:
+        """A frozen snapshot of the counters, summed over origins (O(1))."""
+        return self._slots.statistics()
+
+    def close_idle(self, origin: str | None = None) -> None:
+        """Close the idle connections of every origin, or of one ``"http://host:port"``.
+
+        Connections in use are not touched (they close or park when their
+        request ends). An unknown origin is a no-op.
+        """
+        self._slots.close_idle(origin)
 
     async def request(
         self,
@@ -91,9 +118,10 @@ class ConnectionPool(OriginSlots):
         ``ValueError`` for a bad URL or header. On cancellation the connection
         is closed and ``trio.Cancelled`` propagates.
         """
-        target, origin = self._lookup(url)
+        slots = self._slots
+        target, origin = slots.lookup(url)
         await _checkpoint_if_cancelled()
-        conn = await self._acquire(origin, deadline)
+        conn = await slots.checkout(origin, deadline)
         # The attempt's facts live in locals (see Attempt): phase, reused, received.
         reused = conn.requests > 0
         phase = _SEND
@@ -178,11 +206,11 @@ class ConnectionPool(OriginSlots):
                 elif kind is not _InformationalResponse:  # ConnectionClosed
                     raise Attempt(origin.spec, phase, reused, received).closed()
         except BaseException as exc:
-            self._release(origin, conn, False)
+            slots.discard(origin, conn)
             if isinstance(exc, OSError | h11.ProtocolError):
                 raise Attempt(origin.spec, phase, reused, received).failure(exc) from exc
             raise
-        self._finish(origin, conn)
+        slots.checkin(origin, conn)
         if more is not None:
             content_out = b"".join(more)
         return Response(
@@ -208,9 +236,9 @@ class ConnectionPool(OriginSlots):
         read with ``response.aiter_bytes()``. Leaving the block before the body
         is complete closes the connection (never reused).
         """
-        target, origin = self._lookup(url)
+        target, origin = self._slots.lookup(url)
         return StreamContext(
-            self,
+            self._slots,
             origin,
             target,
             _METHODS.get(method) or _as_bytes(method),
@@ -219,8 +247,6 @@ class ConnectionPool(OriginSlots):
             deadline,
             read_timeout,
         )
-
-    # -- slots and idle deques ------------------------------------------------
 
 def _as_bytes(method: str | bytes) -> bytes:
     return method if isinstance(method, bytes) else method.encode("ascii")
@@ -244,8 +270,4 @@ async def open_pool(
     try:
         yield pool
     finally:
-        pool._closed = True
-        pool.close_idle()
-
-
-from trioforward.http._stream import StreamContext  # noqa: E402  (cycle: the stream drives the pool)
+        pool._slots.close()

@@ -55,10 +55,19 @@ class _Origin:
 
 
 class OriginSlots:
-    """Slots, idle deques and counters of :class:`~trioforward.http.ConnectionPool`.
+    """Slots, idle deques and counters behind one :class:`~trioforward.http.ConnectionPool`.
 
-    Everything here is synchronous except taking a slot (may wait) and
-    connecting; the request/response exchange lives in the pool itself.
+    The package-internal interface the exchanges (``ConnectionPool.request``,
+    :class:`~trioforward.http.StreamContext`) use, one call per step of a
+    connection's use:
+
+    - :meth:`lookup` — the parsed target and its origin's state for a URL;
+    - :meth:`checkout` — take a slot and a connection (may wait, may connect);
+    - :meth:`checkin` — the response was read to its end: park or close;
+    - :meth:`discard` — the exchange failed or was abandoned: close.
+
+    Every ``checkout`` is paired with exactly one ``checkin`` or ``discard``.
+    Everything here is synchronous except ``checkout``.
     """
 
     def __init__(
@@ -82,7 +91,7 @@ class OriginSlots:
         self._opened_total = 0
         self._reused_total = 0
         self._closed_total = 0
-        self._closed = False  # set when open_pool's block exits: nothing parks any more
+        self._closed = False  # set by close(): nothing parks any more
 
     def statistics(self) -> PoolStatistics:
         """A frozen snapshot of the counters, summed over origins (O(1))."""
@@ -111,7 +120,13 @@ class OriginSlots:
             while o.idle:
                 self._discard_idle(o.idle.pop())
 
-    def _lookup(self, url: str) -> tuple[Target, _Origin]:
+    def close(self) -> None:
+        """Close every idle connection; connections checked in later are closed too."""
+        self._closed = True
+        self.close_idle()
+
+    def lookup(self, url: str) -> tuple[Target, _Origin]:
+        """The parsed ``url`` and its origin's state (cached; raises ``ValueError``)."""
         hit = self._targets.get(url)
         if hit is None:
             target = parse_target(url)
@@ -123,7 +138,7 @@ class OriginSlots:
             hit = self._targets[url] = (target, origin)
         return hit
 
-    async def _acquire(self, origin: _Origin, deadline: float) -> Connection:
+    async def checkout(self, origin: _Origin, deadline: float) -> Connection:
         """Take a slot, then the newest live idle connection or a new one.
 
         On any exception (timeout, connect failure, cancellation) the slot is
@@ -200,7 +215,7 @@ class OriginSlots:
         except OSError as exc:
             raise Attempt(origin.spec).failure(exc) from exc
 
-    def _finish(self, origin: _Origin, conn: Connection) -> None:
+    def checkin(self, origin: _Origin, conn: Connection) -> None:
         """The response was read to the end: park the connection if h11 allows."""
         h = conn.h11
         # Bytes after the response (junk, or a response nobody asked for) would be
@@ -208,14 +223,19 @@ class OriginSlots:
         if h.our_state is _DONE and h.their_state is _DONE and not h.trailing_data[0]:
             h.start_next_cycle()
             conn.requests += 1
-            self._release(origin, conn, True)
+            self._park(origin, conn)
         else:
-            self._release(origin, conn, False)
+            self.discard(origin, conn)
 
-    def _release(self, origin: _Origin, conn: Connection, reusable: bool) -> None:
-        """End of a request: park (``reusable``) or close, then pass the slot on."""
+    def discard(self, origin: _Origin, conn: Connection) -> None:
+        """The exchange failed or was left unfinished: close, then pass the slot on."""
         self._active -= 1
-        if reusable and not self._closed:
+        self._close(conn)
+        self._release_slot(origin)
+
+    def _park(self, origin: _Origin, conn: Connection) -> None:
+        self._active -= 1
+        if not self._closed:
             now = conn.idle_since = _current_time()
             idle = origin.idle
             idle.append(conn)

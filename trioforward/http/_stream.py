@@ -15,8 +15,7 @@ from trioforward.http._models import Target
 from trioforward.http._phases import Attempt
 
 if TYPE_CHECKING:
-    from trioforward.http._pool import ConnectionPool
-    from trioforward.http._slots import _Origin
+    from trioforward.http._slots import OriginSlots, _Origin
 
 __all__ = ["StreamContext", "StreamResponse"]
 
@@ -83,12 +82,17 @@ class StreamResponse:
         """The rest of the body as one ``bytes``."""
         return b"".join([chunk async for chunk in self.aiter_bytes()])
 
+    def close(self) -> None:
+        """Give the connection back: parked if the body was read to its end, else
+        closed (the engine aborts). Idempotent; what leaving the ``async with`` does."""
+        self._ctx.close(self.complete)
+
 
 class StreamContext:
     """What :meth:`ConnectionPool.stream` returns; see there."""
 
     __slots__ = (
-        "pool",
+        "slots",
         "origin",
         "target",
         "method",
@@ -103,7 +107,7 @@ class StreamContext:
 
     def __init__(
         self,
-        pool: ConnectionPool,
+        slots: OriginSlots,
         origin: _Origin,
         target: Target,
         method: bytes,
@@ -112,7 +116,7 @@ class StreamContext:
         deadline: float,
         read_timeout: float | None,
     ) -> None:
-        self.pool = pool
+        self.slots = slots
         self.origin = origin
         self.target = target
         self.method = method
@@ -128,12 +132,20 @@ class StreamContext:
         """Close the connection and give its slot back (idempotent)."""
         conn, self.conn = self.conn, None
         if conn is not None:
-            self.pool._release(self.origin, conn, False)
+            self.slots.discard(self.origin, conn)
 
     async def __aenter__(self) -> StreamResponse:
-        pool, attempt, deadline = self.pool, self.attempt, self.deadline
+        return await self.open()
+
+    async def open(self) -> StreamResponse:
+        """Send the request and read up to the headers (what entering the block does).
+
+        The caller must :meth:`StreamResponse.close` the response it gets; on
+        any exception here the connection is already closed.
+        """
+        attempt, deadline = self.attempt, self.deadline
         await trio.lowlevel.checkpoint_if_cancelled()
-        conn = self.conn = await pool._acquire(self.origin, deadline)
+        conn = self.conn = await self.slots.checkout(self.origin, deadline)
         attempt.reused = conn.requests > 0
         try:
             head, body = conn.request_bytes(
@@ -171,13 +183,18 @@ class StreamContext:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        response = self.response
+        self.close(exc_type is None and response is not None and response.complete)
+
+    def close(self, complete: bool) -> None:
+        """Park the connection if the body was read to its end (``complete``), else
+        close it. Idempotent."""
         conn = self.conn
         if conn is None:
             return
-        response = self.response
-        if exc_type is None and response is not None and response.complete:
+        if complete:
             self.conn = None
-            self.pool._finish(self.origin, conn)
+            self.slots.checkin(self.origin, conn)
         else:
             # Body not read to the end (or an error): the bytes still in flight
             # make the connection unusable. Closing (not draining) also tells the
