@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES"]
 
-ROUTING_POLICIES = ("least-outstanding", "round-robin", "session")
+ROUTING_POLICIES = ("least-outstanding", "round-robin", "session", "prefix")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "TRIOFORWARD_"
 
@@ -60,7 +60,10 @@ class Settings:
     backoff_max: float = _knob(5.0, "largest retry backoff (also caps Retry-After)", "s")
     retry_budget_ratio: float = _knob(0.2, "retries allowed as a fraction of requests (token bucket)", "ratio")
     retry_budget_min: float = _knob(10.0, "retries per second always allowed by the retry budget", "retries/s")
-    routing: str = _knob("least-outstanding", "least-outstanding | round-robin | session", "")
+    routing: str = _knob("least-outstanding", "least-outstanding | round-robin | session | prefix", "")
+    prefix_load_factor: float = _knob(1.25, "routing = prefix: no engine takes a request while its outstanding load is at ceil(factor x mean); >= 1", "ratio")
+    prefix_tokens: int = _knob(256, "routing = prefix: leading prompt tokens hashed for a new prefix's engine (same choice on every gateway)", "tokens")
+    prefix_table_size: int = _knob(65536, "routing = prefix: prompts remembered so their continuations follow them (local, LRU); 0 = none", "prompts")
     health_interval: float = _knob(5.0, "seconds between GET /health probes of each engine", "s")
     health_timeout: float = _knob(5.0, "timeout of one health probe", "s")
     health_failures: int = _knob(3, "consecutive failures that eject an engine", "failures")
@@ -94,6 +97,10 @@ class Settings:
             _validate(f.name, getattr(self, f.name))
         if self.routing not in ROUTING_POLICIES:
             raise SettingsError("routing", self.routing, f"must be one of {', '.join(ROUTING_POLICIES)}")
+        if self.prefix_load_factor < 1:
+            raise SettingsError("prefix_load_factor", self.prefix_load_factor, "must be >= 1")
+        if self.prefix_tokens < 1:
+            raise SettingsError("prefix_tokens", self.prefix_tokens, "must be >= 1")
         if self.log_level not in LOG_LEVELS:
             raise SettingsError("log_level", self.log_level, f"must be one of {', '.join(LOG_LEVELS)}")
         if not 0 < self.port < 65536:

@@ -98,3 +98,37 @@ async def test_engines_added_and_removed_at_run_time(fd_baseline: int) -> None:
         for _ in range(3):
             assert (await client.post(COMPLETION, json=body())).engine == e2.url
         assert completions(e1) == 0
+
+
+async def test_prefix_routing_keeps_groups_and_turns_on_one_engine(fd_baseline: int) -> None:
+    async with (
+        open_engine(prefix_cache_tokens=1 << 16) as e1,
+        open_engine(prefix_cache_tokens=1 << 16) as e2,
+        open_engine(prefix_cache_tokens=1 << 16) as e3,
+        client_for(e1, e2, e3, routing="prefix") as client,
+    ):
+        engines = (e1, e2, e3)
+        # A GRPO group: the same prompt as separate requests, no header.
+        group = list(range(100, 164))
+        owners = {(await client.post(COMPLETION, json=body(prompt=group))).engine for _ in range(6)}
+        assert len(owners) == 1
+        assert sum(e.stats.prompt_tokens_cached for e in engines) == 5 * 48  # 3 blocks reused 5x
+        # A multi-turn session: each prompt extends the last by the answer and new tokens.
+        turn = list(range(2000, 2040))
+        where = set()
+        for t in range(4):
+            r = await client.post(
+                COMPLETION, json=body(prompt=turn, max_tokens=8, return_token_ids=True)
+            )
+            where.add(r.engine)
+            usage = r.json()["usage"]
+            if t:
+                assert usage["prompt_tokens_details"]["cached_tokens"] >= len(turn) - 16 - 11
+            answer = r.json()["choices"][0]["token_ids"]
+            turn = [*turn, *answer, *range(t, t + 11)]
+        assert len(where) == 1
+        # Many distinct prompts spread over every engine.
+        spread = {
+            (await client.post(COMPLETION, json=body(prompt=[i] * 40))).engine for i in range(40)
+        }
+        assert spread == {e.url for e in engines}

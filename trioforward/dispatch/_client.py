@@ -20,6 +20,7 @@ from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._health import health_loop
+from trioforward.dispatch._prefix import request_prefix_key
 from trioforward.dispatch._request import (
     HeaderInput,
     OnDispatch,
@@ -58,7 +59,8 @@ class Client:
         self._loader = AdapterLoader(self.adapters, control_pool, settings.adapter_load_timeout)
         self._dispatcher = Dispatcher(settings, self._registry, pool, self._loader)
         self._paused_all = False
-        self._session_routing = settings.routing == "session"
+        self._session_routing = settings.routing in ("session", "prefix")
+        self._prefix_routing = settings.routing == "prefix"
         self.engines = Engines(self)
 
     def _start_health(self, engine: Engine) -> None:
@@ -106,7 +108,10 @@ class Client:
                     is_adapter = self.adapters.is_adapter(name)
         key = session if session is not None else session_header
         session_hash = stable_hash(key) if key is not None and self._session_routing else None
-        return Request(method, path, pairs, content, model, is_adapter, session_hash)
+        req = Request(method, path, pairs, content, model, is_adapter, session_hash)
+        if self._prefix_routing and session_hash is None:
+            req.prefix = request_prefix_key(json, content, self.settings.prefix_tokens)
+        return req
 
     async def post(
         self,

@@ -77,7 +77,11 @@ class Dispatcher:
         self.registry = registry
         self.pool = pool
         self.loader = loader
-        self.router = Router(settings.routing)
+        self.router = Router(
+            settings.routing,
+            prefix_load_factor=settings.prefix_load_factor,
+            prefix_table_size=settings.prefix_table_size,
+        )
         self.policy = RetryPolicy(
             connect_retries=settings.connect_retries,
             rejection_retries=settings.rejection_retries,
@@ -121,7 +125,9 @@ class Dispatcher:
         waited = False
         unhealthy_since: float | None = None
         while True:
-            engine = self.router.pick(registry.engines, session=req.session, avoid=avoid)
+            engine = self.router.pick(
+                registry.engines, session=req.session, avoid=avoid, prefix=req.prefix
+            )
             if engine is None:
                 if not registry.engines:
                     raise NoEngineAvailable("no engine is registered")
@@ -381,7 +387,7 @@ class Dispatcher:
                 pool.close_idle(engine.origin)
             if decision.other_engine:
                 alternative = self.router.pick(
-                    self.registry.engines, session=req.session, avoid=engine
+                    self.registry.engines, session=req.session, avoid=engine, prefix=req.prefix
                 )
                 if alternative is not None and alternative is not engine:
                     return None

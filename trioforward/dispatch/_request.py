@@ -18,6 +18,7 @@ from trioforward.http._errors import Phase
 
 if TYPE_CHECKING:
     from trioforward.dispatch._engines import Engine
+    from trioforward.dispatch._prefix import PrefixKey
 
 __all__ = ["Request", "OnDispatch", "HeaderInput", "prepare_headers", "strip_response_headers", "HOP_BY_HOP"]
 
@@ -99,6 +100,7 @@ class Request:
         "model",
         "is_adapter",
         "session",
+        "prefix",
         "scope",
         "queue_scope",
         "evicted",
@@ -131,6 +133,7 @@ class Request:
         self.model = model
         self.is_adapter = is_adapter
         self.session = session
+        self.prefix: PrefixKey | None = None  # set under routing = "prefix"
         self.scope = trio.CancelScope()
         self.queue_scope: trio.CancelScope | None = None
         self.evicted = False

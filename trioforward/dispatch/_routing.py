@@ -12,13 +12,19 @@ looks at individual requests.
   and the highest eligible score wins. Removing or pausing an engine only moves
   the sessions it owned, each to its next engine in hash order, so one session's
   requests keep hitting one engine's prefix cache.
+- ``prefix``: by the prompt's leading blocks, with bounded loads
+  (``_prefix.PrefixRouter``); a request with a session key is routed as
+  ``session``, one with no prompt to route by as ``least-outstanding``.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from trioforward.dispatch._prefix import PrefixKey, PrefixRouter
 
 __all__ = ["Routable", "Router", "stable_hash", "rendezvous_score"]
 
@@ -57,29 +63,45 @@ E = TypeVar("E", bound=Routable)
 class Router:
     """Picks engines by ``policy`` (one of ``Settings.routing``'s values)."""
 
-    __slots__ = ("policy", "_turn")
+    __slots__ = ("policy", "_turn", "prefix")
 
-    def __init__(self, policy: str) -> None:
-        if policy not in ("least-outstanding", "round-robin", "session"):
+    def __init__(
+        self, policy: str, *, prefix_load_factor: float = 1.25, prefix_table_size: int = 0
+    ) -> None:
+        if policy not in ("least-outstanding", "round-robin", "session", "prefix"):
             raise ValueError(f"unknown routing policy {policy!r}")
         self.policy = policy
         self._turn = 0
+        self.prefix: PrefixRouter | None = None
+        if policy == "prefix":
+            from trioforward.dispatch._prefix import PrefixRouter
+
+            self.prefix = PrefixRouter(prefix_load_factor, prefix_table_size)
 
     def pick(
-        self, engines: Sequence[E], *, session: int | None = None, avoid: E | None = None
+        self,
+        engines: Sequence[E],
+        *,
+        session: int | None = None,
+        avoid: E | None = None,
+        prefix: PrefixKey | None = None,
     ) -> E | None:
         """The engine for the next attempt, or ``None`` if none is eligible.
 
         ``session``: the request's session key hash (``stable_hash``), used by the
-        ``session`` policy (the others ignore it; a session policy request with
-        no key is routed least-outstanding). ``avoid``: an engine that just
+        ``session`` and ``prefix`` policies (the others ignore it; a request with
+        no key is routed least-outstanding). ``prefix``: the prompt's
+        :class:`~trioforward.dispatch._prefix.PrefixKey`, used by the ``prefix``
+        policy when there is no session key. ``avoid``: an engine that just
         failed; it is chosen only if it is the sole eligible one.
         """
         n = len(engines)
         if n == 0:
             return None
-        if self.policy == "session" and session is not None:
+        if session is not None and self.policy in ("session", "prefix"):
             return self._by_hash(engines, session, avoid)
+        if prefix is not None and self.prefix is not None:
+            return self.prefix.pick(engines, prefix, avoid)
         if self.policy == "round-robin":
             return self._round_robin(engines, avoid)
         return self._least_outstanding(engines, avoid)

@@ -1,0 +1,207 @@
+"""Prefix-affinity routing with bounded loads (``routing = "prefix"``; docs/dispatch.md).
+
+Engines keep the KV of prompts they have computed (vLLM's automatic prefix
+caching, SGLang's radix cache), so a request is cheapest on the engine that
+already holds the longest prefix of its prompt. Two rules choose it:
+
+1. **Continuation affinity (local, bounded).** A table remembers, for the last
+   ``table_size`` prompts routed, the hash of the prompt's full blocks and the
+   engine it went to. A request whose prompt *extends* a remembered prompt —
+   the next turn of an agentic rollout (prompt + answer + new tokens), or
+   another member of a GRPO group (the same prompt) — goes to that engine.
+   The request's chain hashes are computed once, O(prompt blocks); the table
+   is probed from the deepest block back and holds one entry per prompt.
+2. **Consistent hashing with bounded loads** (Mirrokni, Thorup & Zadimoghaddam,
+   "Consistent Hashing with Bounded Loads", SODA 2018; arXiv 1608.01350).
+   Otherwise — a new prefix, or the remembered engine is full or gone — the
+   engines are ranked by rendezvous score of a stable hash of the prompt's
+   first ``prefix_tokens`` tokens (the *anchor*, the same in every process),
+   and the first engine with room takes it. *Room*: its outstanding requests
+   (in flight + queued) are below ``ceil(load_factor * (m + 1) / n)``, ``m``
+   the outstanding total and ``n`` the eligible engines — no engine runs above
+   ``load_factor`` times the mean, and some engine always has room.
+
+With ``table_size = 0`` only rule 2 applies and the choice is a pure function
+of the prompt, the engine list and the loads: every gateway of a fleet makes
+the same first choice for the same prompt, with no shared state. The table only
+adds affinity for continuations this process has seen; removing, pausing or
+ejecting an engine moves only the prompts that were on it (rendezvous order).
+
+Rendering (:func:`prefix_key`): token-id prompts as 4-byte little-endian ids,
+text prompts as UTF-8, chat messages as the JSON of each ``[role, content]``
+pair in order — all in blocks of ``BLOCK_BYTES`` (16 ids, or 64 bytes of text,
+about 16 tokens), the model name first (adapters do not share KV).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+
+from trioforward.dispatch._routing import Routable, rendezvous_score
+
+__all__ = ["PrefixKey", "PrefixRouter", "prefix_key", "request_prefix_key", "BLOCK_BYTES"]
+
+#: One routing block: 16 token ids (4 bytes each), or 64 bytes of rendered text.
+BLOCK_BYTES = 64
+_ID_BYTES = 4
+
+E = TypeVar("E", bound=Routable)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixKey:
+    """What prefix routing knows of one prompt.
+
+    ``anchor``: stable 64-bit hash of the model and the first ``prefix_tokens``
+    tokens (the whole prompt if shorter); ``chain``: local hashes of the
+    prompt's full blocks, ``chain[d]`` covering blocks ``0..d`` (empty for a
+    prompt shorter than one block).
+    """
+
+    anchor: int
+    chain: tuple[int, ...]
+
+
+def _render(body: dict[str, Any]) -> tuple[bytes, int] | None:
+    """``(bytes, bytes per token)`` of the first prompt of a completion or chat body."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages:
+        parts = []
+        for m in messages:
+            if not isinstance(m, dict):
+                return None
+            parts.append(orjson.dumps([m.get("role"), m.get("content")]))
+        return b"".join(parts), _ID_BYTES
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+        prompt = prompt[0]  # a batch: its first prompt
+    if isinstance(prompt, str):
+        return (prompt.encode(), _ID_BYTES) if prompt else None
+    if isinstance(prompt, list) and prompt:
+        try:
+            return array("I", prompt).tobytes(), _ID_BYTES
+        except (TypeError, OverflowError):
+            return None  # not token ids: the engine will say so
+    return None
+
+
+def prefix_key(body: Any, prefix_tokens: int) -> PrefixKey | None:
+    """The :class:`PrefixKey` of a ``/v1/completions`` or ``/v1/chat/completions``
+    body (a parsed JSON object), or ``None`` when it has no prompt to route by.
+
+    Cost: O(prompt length) — one pass to render, one hash per block.
+    """
+    if not isinstance(body, dict):
+        return None
+    rendered = _render(body)
+    if rendered is None:
+        return None
+    data, per_token = rendered
+    model = body.get("model")
+    seed = (model if isinstance(model, str) else "").encode() + b"\0"
+    anchor = int.from_bytes(
+        hashlib.blake2b(seed + data[: prefix_tokens * per_token], digest_size=8).digest(), "little"
+    )
+    h = hash(seed)
+    chain = []
+    for start in range(0, len(data) - BLOCK_BYTES + 1, BLOCK_BYTES):
+        h = hash((h, data[start : start + BLOCK_BYTES]))
+        chain.append(h)
+    return PrefixKey(anchor, tuple(chain))
+
+
+def request_prefix_key(json: Any, content: bytes, prefix_tokens: int) -> PrefixKey | None:
+    """:func:`prefix_key` of a forwarded request: from ``json`` (the parsed body)
+    when it holds the prompt, else from the body bytes ``content``."""
+    if not (isinstance(json, dict) and ("prompt" in json or "messages" in json)):
+        try:
+            json = orjson.loads(content) if content else None
+        except orjson.JSONDecodeError:
+            return None
+    return prefix_key(json, prefix_tokens)
+
+
+class PrefixRouter:
+    """Rules 1 and 2 of the module docstring over one engine list.
+
+    ``load_factor`` (>= 1): the bound, a multiple of the mean outstanding load;
+    ``table_size``: prompts remembered for continuation affinity (0 = none).
+    """
+
+    __slots__ = ("load_factor", "table_size", "_table")
+
+    def __init__(self, load_factor: float, table_size: int) -> None:
+        if not load_factor >= 1.0:
+            raise ValueError(f"load_factor must be >= 1, got {load_factor}")
+        self.load_factor = load_factor
+        self.table_size = table_size
+        self._table: OrderedDict[int, Routable] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def pick(self, engines: Sequence[E], key: PrefixKey, avoid: E | None) -> E | None:
+        """The engine for ``key``, or ``None`` if none is eligible. ``avoid`` (an
+        engine that just failed) is chosen only if it is the sole eligible one."""
+        total = 0
+        n = 0
+        for e in engines:
+            if e.eligible:
+                total += e.outstanding
+                n += 1
+        if n == 0:
+            return None
+        room = math.ceil(self.load_factor * (total + 1) / n)
+        chosen = self._remembered(key, avoid, room)
+        if chosen is None:
+            chosen = self._ranked(engines, key.anchor, avoid, room)
+        if chosen is not None and key.chain and self.table_size:
+            self._remember(key.chain[-1], chosen)
+        return chosen  # type: ignore[return-value]
+
+    def _remembered(self, key: PrefixKey, avoid: Routable | None, room: int) -> Routable | None:
+        table = self._table
+        for h in reversed(key.chain):
+            engine = table.get(h)
+            if engine is not None:
+                table.move_to_end(h)
+                if engine.eligible and engine is not avoid and engine.outstanding < room:
+                    return engine
+                return None  # the deepest match is full or gone: rank by anchor
+        return None
+
+    @staticmethod
+    def _ranked(engines: Sequence[E], anchor: int, avoid: E | None, room: int) -> E | None:
+        ranked = sorted(
+            (e for e in engines if e.eligible),
+            key=lambda e: rendezvous_score(anchor, e.seed),
+            reverse=True,
+        )
+        fallback: E | None = None
+        for e in ranked:
+            if e is avoid:
+                fallback = e
+            elif e.outstanding < room:
+                return e
+        # Only ``avoid`` has room (or nothing does, when ``avoid``'s load is in
+        # the mean but it may not take the request): the next choice with the
+        # least load, then ``avoid`` itself.
+        others = [e for e in ranked if e is not avoid]
+        if others:
+            return min(others, key=lambda e: e.outstanding)
+        return fallback
+
+    def _remember(self, h: int, engine: Routable) -> None:
+        table = self._table
+        table[h] = engine
+        table.move_to_end(h)
+        if len(table) > self.table_size:
+            table.popitem(last=False)
