@@ -2,8 +2,10 @@
 
 Every error carries:
 
-- ``.phase``: the :class:`~trioforward.http.Phase` the *last* attempt failed in
-  (``QUEUED`` if it never reached an engine);
+- ``.phase``: the :class:`~trioforward.http.Phase` the request was in when it
+  ended: ``QUEUED`` while waiting for capacity or an engine, else the phase its
+  last attempt had reached, however it ended (docs/semantics.md, "Which phase
+  an error names");
 - ``.attempts``: how many upstream attempts were made (``0`` = none);
 - ``.engine``: the base URL of the engine of the last attempt, or ``None``.
 

@@ -32,6 +32,7 @@ from trioforward.dispatch._routing import stable_hash
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.errors import EngineRejected
 from trioforward.http import ConnectionPool, open_pool
+from trioforward.http._errors import Phase
 
 __all__ = ["Client", "open_client"]
 
@@ -246,6 +247,9 @@ class Client:
                 status=response.status,
                 body=response.content,
                 headers=response.headers,
+                # An engine status arrives at the end of AWAIT_HEADERS (as for the
+                # rejection retries): the attempt got that far, no further.
+                phase=Phase.AWAIT_HEADERS,
                 attempts=response.attempts,
                 engine=response.engine,
             )

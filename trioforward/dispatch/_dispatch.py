@@ -301,13 +301,15 @@ class Dispatcher:
             req.attempts += 1
             if req.on_dispatch is not None:
                 req.on_dispatch(engine.url, req.attempts, req.queue_time)
+            # CONNECT from here: waiting for an adapter load is part of getting the
+            # attempt onto the engine (no request byte sent yet).
+            req.phase = Phase.CONNECT
             epoch = 0
             if req.is_adapter:
                 assert model is not None
                 if model in engine.adapter_flights:
                     await self.loader.wait_pending(engine, model)
                 epoch = engine.adapter_epoch.get(model, 0)
-            req.phase = Phase.CONNECT
             body: StreamResponse | None = None
             try:
                 if stream:
@@ -318,7 +320,9 @@ class Dispatcher:
                         content=req.content,
                         deadline=deadline,
                         read_timeout=self.read_timeout,
+                        progress=req,
                     ).open()
+                    req.phase = Phase.READ_BODY
                     status, headers, content = body.status, body.headers, b""
                     if status >= 400:
                         # Error bodies are small: read them for the decision, and so
@@ -336,6 +340,7 @@ class Dispatcher:
                         content=req.content,
                         deadline=deadline,
                         read_timeout=self.read_timeout,
+                        progress=req,
                     )
                     status, headers, content = response.status, response.headers, response.content
             except PoolError as exc:

@@ -9,6 +9,8 @@ the error to raise. Keeping the mapping here means the retry layer's contract
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import h11
 
 from trioforward.http._errors import (
@@ -20,9 +22,17 @@ from trioforward.http._errors import (
     RemoteProtocolError,
 )
 
-__all__ = ["Attempt"]
+__all__ = ["Attempt", "PhaseSink"]
 
 _CONNECT = Phase.CONNECT
+
+
+class PhaseSink(Protocol):
+    """Where a caller wants to learn the phase an attempt reached when it was
+    cancelled (the dispatch core passes its per-request record): anything with a
+    writable ``phase``. A :class:`PoolError` carries its own ``.phase`` instead."""
+
+    phase: Phase
 
 
 class Attempt:

@@ -24,11 +24,11 @@ from trioforward.http._connection import (
 )
 from trioforward.http._errors import Phase
 from trioforward.http._models import PoolStatistics, Response
-from trioforward.http._phases import Attempt
+from trioforward.http._phases import Attempt, PhaseSink
 from trioforward.http._slots import OriginSlots
 from trioforward.http._stream import StreamContext
 
-__all__ = ["ConnectionPool", "open_pool"]
+__all__ = ["ConnectionPool", "open_pool", "PhaseSink"]
 
 _inf = math.inf
 _read = os.read
@@ -98,6 +98,7 @@ class ConnectionPool:
         content: bytes = b"",
         deadline: float = _inf,
         read_timeout: float | None = None,
+        progress: PhaseSink | None = None,
     ) -> Response:
         """Send one request and read the whole response.
 
@@ -112,6 +113,9 @@ class ConnectionPool:
                 (:class:`ConnectTimeout` while waiting for a slot or connecting).
             read_timeout: longest silence (s) between body bytes, else
                 :class:`PoolTimeout` in READ_BODY.
+            progress: if given, its ``phase`` is set to the phase the attempt
+                was in when it ended by cancellation (a :class:`PoolError`
+                carries its own ``.phase``); untouched while still in CONNECT.
 
         Returns a :class:`Response` (any status). Raises :class:`PoolError`
         subclasses with ``.phase``, ``.reused``, ``.response_bytes``;
@@ -209,6 +213,9 @@ class ConnectionPool:
             slots.discard(origin, conn)
             if isinstance(exc, OSError | h11.ProtocolError):
                 raise Attempt(origin.spec, phase, reused, received).failure(exc) from exc
+            if progress is not None:
+                # Cancelled (or a bug): only the caller's record can say how far it got.
+                progress.phase = phase
             raise
         slots.checkin(origin, conn)
         if more is not None:
@@ -229,6 +236,7 @@ class ConnectionPool:
         content: bytes = b"",
         deadline: float = _inf,
         read_timeout: float | None = None,
+        progress: PhaseSink | None = None,
     ) -> StreamContext:
         """``async with pool.stream(...) as response:`` — same arguments as :meth:`request`.
 
@@ -246,7 +254,9 @@ class ConnectionPool:
             content,
             deadline,
             read_timeout,
+            progress,
         )
+
 
 def _as_bytes(method: str | bytes) -> bytes:
     return method if isinstance(method, bytes) else method.encode("ascii")

@@ -12,7 +12,7 @@ import trio
 from trioforward.http._connection import Connection, header_list
 from trioforward.http._errors import Phase
 from trioforward.http._models import Target
-from trioforward.http._phases import Attempt
+from trioforward.http._phases import Attempt, PhaseSink
 
 if TYPE_CHECKING:
     from trioforward.http._slots import OriginSlots, _Origin
@@ -103,6 +103,7 @@ class StreamContext:
         "attempt",
         "conn",
         "response",
+        "progress",
     )
 
     def __init__(
@@ -115,6 +116,7 @@ class StreamContext:
         content: bytes,
         deadline: float,
         read_timeout: float | None,
+        progress: PhaseSink | None = None,
     ) -> None:
         self.slots = slots
         self.origin = origin
@@ -127,6 +129,7 @@ class StreamContext:
         self.attempt = Attempt(origin.spec)
         self.conn: Connection | None = None
         self.response: StreamResponse | None = None
+        self.progress = progress
 
     def abandon(self) -> None:
         """Close the connection and give its slot back (idempotent)."""
@@ -175,6 +178,8 @@ class StreamContext:
             self.abandon()
             if isinstance(exc, OSError | h11.ProtocolError):
                 raise attempt.failure(exc) from exc
+            if self.progress is not None:  # cancelled: as ConnectionPool.request
+                self.progress.phase = attempt.phase
             raise
 
     async def __aexit__(

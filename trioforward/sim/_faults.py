@@ -3,7 +3,7 @@
 Set attributes on ``engine.faults`` (in process) or ``POST /sim/faults`` with a
 JSON object of the same names (``{"reset": true}`` first clears every fault).
 Count-style faults (``drop``, ``reject``, ``stall_headers``, ``stall_body``,
-``trickle``) apply to the next K requests whose path is in ``paths`` (by default
+``trickle``, ``cut``) apply to the next K requests whose path is in ``paths`` (by default
 the two generation endpoints, so health probes and adapter loads do not consume
 them); each use decrements the count and bumps ``stats.faults[name]``.
 """
@@ -49,6 +49,10 @@ class Faults:
       half of the first stream chunk), then stall likewise.
     - ``trickle``: send the body ``trickle_bytes`` at a time every
       ``trickle_interval`` seconds.
+    - ``cut``: the engine dies mid-answer. A stream sends ``cut_events``
+      complete SSE events, then the first ``cut_bytes`` bytes of the next one,
+      then closes the connection (no chunked terminator); a whole answer sends
+      its headers and the first ``cut_bytes`` bytes of its body, then closes.
 
     Other: ``health_status``: the status ``GET /health`` answers (200).
     """
@@ -67,6 +71,9 @@ class Faults:
     trickle: int = 0
     trickle_bytes: int = 16
     trickle_interval: float = 0.01
+    cut: int = 0
+    cut_events: int = 1
+    cut_bytes: int = 60
     health_status: int = 200
     paths: tuple[str, ...] = field(default=GENERATION_PATHS)
 

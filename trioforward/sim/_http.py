@@ -44,6 +44,10 @@ class _Aborted(Exception):
     """The client went away (EOF or reset) before the answer was complete."""
 
 
+class _Cut(Exception):
+    """The ``cut`` fault: the answer was broken off on purpose; close the connection."""
+
+
 class Exchange:
     """One request/response on a connection: what handlers write to.
 
@@ -64,8 +68,10 @@ class Exchange:
         "stall_headers",
         "stall_body",
         "trickle",
+        "cut",
         "status",
         "_first_chunk",
+        "_events",
     )
 
     def __init__(
@@ -78,14 +84,15 @@ class Exchange:
         self.generation = False
         self.reject = False
         self.close = False
-        self.stall_headers = self.stall_body = self.trickle = False
+        self.stall_headers = self.stall_body = self.trickle = self.cut = False
         self.status = 0
         self._first_chunk = True
+        self._events = 0  # complete SSE events sent (for the ``cut`` fault)
 
     @property
     def slow(self) -> bool:
         """True if writing this answer takes time (a response fault applies)."""
-        return self.stall_headers or self.stall_body or self.trickle
+        return self.stall_headers or self.stall_body or self.trickle or self.cut
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
         self.status = status
@@ -143,6 +150,9 @@ class Exchange:
         head = self._head(status, headers)
         data = self.conn.send(h11.Data(data=body)) or b"" if body else b""
         tail = self.conn.send(h11.EndOfMessage()) or b""
+        if self.cut:
+            await self._write(head + data[: self.engine.faults.cut_bytes])
+            raise _Cut
         if self.stall_headers:
             await self._write(head)
             await self._stall()
@@ -166,6 +176,8 @@ class Exchange:
 
     async def send_chunk(self, data: bytes, last: bool = False) -> None:
         """Send one body chunk of a streamed answer (``last``: and end the answer)."""
+        if self.cut:
+            await self._cut_chunk(data)
         framed = self.conn.send(h11.Data(data=data)) or b""
         if self.stall_body and self._first_chunk:
             half = len(framed) // 2
@@ -177,6 +189,23 @@ class Exchange:
             await self._last_write(framed + (self.conn.send(h11.EndOfMessage()) or b""))
         else:
             await self._write(framed)
+
+    async def _cut_chunk(self, data: bytes) -> None:
+        """The ``cut`` fault: if the cut falls in ``data``, send what comes before it
+        (a well-framed chunk holding the last events and a fragment) and raise
+        :class:`_Cut`; otherwise count the events and return."""
+        faults = self.engine.faults
+        at = 0
+        while self._events < faults.cut_events:
+            end = data.find(b"\n\n", at)
+            if end < 0:
+                return
+            self._events += 1
+            at = end + 2
+        if at >= len(data):
+            return  # the events end with this chunk: the fragment is the next one's
+        await self._write(self.conn.send(h11.Data(data=data[: at + faults.cut_bytes])) or b"")
+        raise _Cut
 
     async def end_stream(self, final: bytes = b"") -> None:
         """Send the last chunk ``final`` (if any) and finish a streamed answer, in one write."""
@@ -239,7 +268,7 @@ async def _watched(
     stream: trio.SocketStream, conn: h11.Connection, handler: Awaitable[None]
 ) -> None:
     """Run ``handler`` while reading the socket; raise ``_Aborted`` on EOF/reset."""
-    aborted = False
+    aborted = cut = False
 
     async def watch(cancel: trio.CancelScope) -> None:
         nonlocal aborted
@@ -258,7 +287,11 @@ async def _watched(
             finished = True
         except _Aborted:
             aborted = True
+        except _Cut:
+            cut = True
         nursery.cancel_scope.cancel()
+    if cut:
+        raise _Cut
     if aborted and not finished:
         raise _Aborted
 
@@ -314,12 +347,15 @@ async def serve_connection(
                         ex.stall_headers = _take(engine, "stall_headers")
                         ex.stall_body = _take(engine, "stall_body")
                         ex.trickle = _take(engine, "trickle")
+                        ex.cut = _take(engine, "cut")
                 ex.close = faults.connection_close
                 try:
                     if ex.slow or (generation and not engine.instant):
                         await _watched(stream, conn, handle(ex, request, body))
                     else:
                         await handle(ex, request, body)
+                except _Cut:
+                    return  # the connection closes with the answer broken off
                 except _Aborted:
                     if generation:
                         stats.aborted += 1
