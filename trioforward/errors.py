@@ -14,7 +14,7 @@ The gateway maps them to HTTP statuses (DESIGN §5): :attr:`TrioforwardError.sta
 
 from __future__ import annotations
 
-from trioforward.http._errors import Phase
+from trioforward.http import Phase
 
 __all__ = [
     "Phase",

@@ -15,10 +15,9 @@ from collections import Counter
 import orjson
 import trio
 
-from trioforward.dispatch._engines import Engine, _Flight
+from trioforward.dispatch._engines import Engine
 from trioforward.errors import AdapterLoadError
-from trioforward.http import ConnectionPool, PoolError
-from trioforward.http._errors import Phase
+from trioforward.http import ConnectionPool, Phase, PoolError
 
 __all__ = ["AdapterRegistry", "AdapterLoader"]
 
@@ -55,45 +54,67 @@ class AdapterRegistry:
         return bool(self._paths)
 
 
-class AdapterLoader:
-    """Loads adapters on engines, one load per (engine, adapter) at a time."""
+class _Flight:
+    """One adapter load in progress; late requests wait on it (single-flight)."""
 
-    __slots__ = ("registry", "pool", "timeout", "loads")
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+class AdapterLoader:
+    """Loads adapters on engines, one load per (engine, adapter) at a time.
+
+    All adapter state of the dispatch core lives here, keyed by
+    ``(engine URL, adapter name)``: ``loads`` (successful loads, for
+    statistics), the load *epoch* (bumped by each finished load, so an attempt
+    that raced a load does not start another) and the loads in progress.
+    """
+
+    __slots__ = ("registry", "pool", "timeout", "loads", "_epochs", "_flights")
 
     def __init__(self, registry: AdapterRegistry, pool: ConnectionPool, timeout: float) -> None:
         self.registry = registry
         self.pool = pool
         self.timeout = timeout
         self.loads: Counter[tuple[str, str]] = Counter()
+        self._epochs: dict[tuple[str, str], int] = {}
+        self._flights: dict[tuple[str, str], _Flight] = {}
 
-    async def wait_pending(self, engine: Engine, name: str) -> None:
-        """If a load of ``name`` is under way on ``engine``, wait for it (skip the race)."""
-        flight = engine.adapter_flights.get(name)
+    async def before_attempt(self, engine: Engine, name: str) -> int:
+        """Wait for a load of ``name`` under way on ``engine`` (skip the race), then
+        return the load epoch to pass to :meth:`ensure_loaded` if the attempt
+        finds the adapter missing."""
+        key = (engine.url, name)
+        flight = self._flights.get(key)
         if flight is not None:
             await flight.done.wait()
+        return self._epochs.get(key, 0)
 
     async def ensure_loaded(self, engine: Engine, name: str, *, seen_epoch: int) -> None:
         """Make sure ``name`` is loaded on ``engine``.
 
-        ``seen_epoch`` is ``engine.adapter_epoch[name]`` when the failed attempt was
-        sent; if a load finished since, the attempt just raced it and no new load
+        ``seen_epoch`` is what :meth:`before_attempt` returned for the failed
+        attempt; if a load finished since, the attempt just raced it and no new load
         is needed. Raises :class:`AdapterLoadError` (shared by every waiter of the
         same flight). Cancellation: a waiter may leave; the load itself runs in
         the task that started it.
         """
-        if engine.adapter_epoch.get(name, 0) != seen_epoch:
+        key = (engine.url, name)
+        if self._epochs.get(key, 0) != seen_epoch:
             return
-        flight = engine.adapter_flights.get(name)
+        flight = self._flights.get(key)
         if flight is None:
-            flight = _Flight()
-            engine.adapter_flights[name] = flight
+            flight = self._flights[key] = _Flight()
             try:
                 await self._load(engine, name)
             except BaseException as exc:
                 flight.error = exc
                 raise
             finally:
-                del engine.adapter_flights[name]
+                del self._flights[key]
                 flight.done.set()
             return
         await flight.done.wait()
@@ -110,7 +131,7 @@ class AdapterLoader:
             )
         if flight.error is not None:
             # The loader was cancelled (its caller left): try again ourselves.
-            await self.ensure_loaded(engine, name, seen_epoch=engine.adapter_epoch.get(name, 0))
+            await self.ensure_loaded(engine, name, seen_epoch=self._epochs.get(key, 0))
 
     async def _load(self, engine: Engine, name: str) -> None:
         path = self.registry.path(name)
@@ -133,8 +154,8 @@ class AdapterLoader:
             ) from exc
         status = response.status
         if status == 200 or (status == 400 and b"already" in response.content.lower()):
-            engine.adapters_loaded.add(name)
-            engine.adapter_epoch[name] = engine.adapter_epoch.get(name, 0) + 1
+            key = (engine.url, name)
+            self._epochs[key] = self._epochs.get(key, 0) + 1
             if status == 200:
                 self.loads[(engine.url, name)] += 1
             return

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from trioforward.dispatch._engines import EngineInfo
-
-if TYPE_CHECKING:
-    from trioforward.dispatch._client import Client
+from trioforward.dispatch._engines import Engine, EngineInfo, Registry
 
 __all__ = ["Engines"]
 
 
 class Engines:
-    """``client.engines``: add, remove and list engines at run time (all synchronous)."""
+    """``client.engines``: add, remove and list engines at run time (all synchronous).
 
-    __slots__ = ("_client",)
+    A facade over the client's :class:`Registry`; ``on_added(engine)`` is called
+    once for each newly registered engine (the client pauses it if everything
+    is paused and starts its health probes).
+    """
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    __slots__ = ("_registry", "_on_added")
+
+    def __init__(self, registry: Registry, on_added: Callable[[Engine], None]) -> None:
+        self._registry = registry
+        self._on_added = on_added
 
     def add(self, url: str) -> EngineInfo:
         """Register ``url`` (``http://host:port``); starts its health probes. Idempotent.
@@ -29,23 +32,19 @@ class Engines:
         An engine added while every engine is paused (``pause()`` with no list)
         starts paused too.
         """
-        client = self._client
-        known = url.rstrip("/") in client._registry.by_url
-        engine = client._registry.add(url)
-        if not known:
-            if client._paused_all:
-                client._registry.set_paused(engine, True)
-            client._start_health(engine)
+        engine, new = self._registry.add(url)
+        if new:
+            self._on_added(engine)
         return engine.info()
 
     def remove(self, url: str) -> bool:
         """Unregister ``url``. Its in-flight requests fail with :class:`DispatchAborted`;
         its queued ones are routed again. Returns False if it was not registered."""
-        return self._client._registry.remove(url) is not None
+        return self._registry.remove(url) is not None
 
     def list(self) -> list[EngineInfo]:
         """A snapshot of every engine, in registration order."""
-        return [e.info() for e in self._client._registry.engines]
+        return [e.info() for e in self._registry.engines]
 
     def __len__(self) -> int:
-        return len(self._client._registry.engines)
+        return len(self._registry.engines)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import orjson
 import trio
 
-from trioforward._settings import Settings
+from trioforward import Settings
 from trioforward.codec import Completion, decode_completion
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
@@ -62,9 +62,11 @@ class Client:
         self._paused_all = False
         self._session_routing = settings.routing in ("session", "prefix")
         self._prefix_routing = settings.routing == "prefix"
-        self.engines = Engines(self)
+        self.engines = Engines(self._registry, self._engine_added)
 
-    def _start_health(self, engine: Engine) -> None:
+    def _engine_added(self, engine: Engine) -> None:
+        if self._paused_all:
+            self._registry.set_paused(engine, True)
         s = self.settings
         if s.health_interval > 0:
             self._nursery.start_soon(

@@ -30,7 +30,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 
-from trioforward._settings import Settings
+from trioforward import Settings
 from trioforward.dispatch._adapters import AdapterLoader
 from trioforward.dispatch._budget import RetryBudget
 from trioforward.dispatch._engines import Engine, Registry
@@ -54,11 +54,11 @@ from trioforward.errors import (
 from trioforward.http import (
     ConnectionPool,
     PoolError,
+    Phase,
     PoolTimeout,
     Response,
     StreamResponse,
 )
-from trioforward.http._errors import Phase
 
 __all__ = ["Dispatcher", "Reply"]
 
@@ -307,9 +307,7 @@ class Dispatcher:
             epoch = 0
             if req.is_adapter:
                 assert model is not None
-                if model in engine.adapter_flights:
-                    await self.loader.wait_pending(engine, model)
-                epoch = engine.adapter_epoch.get(model, 0)
+                epoch = await self.loader.before_attempt(engine, model)
             body: StreamResponse | None = None
             try:
                 if stream:
@@ -352,9 +350,6 @@ class Dispatcher:
             else:
                 self.responses[(engine.url, status)] += 1
                 self.registry.record_success(engine, probe=False)
-                if req.is_adapter and status < 300:
-                    assert model is not None
-                    engine.adapters_loaded.add(model)
                 if status < 400:
                     return Reply(engine, status, headers, content, body, deadline)
                 req.phase = Phase.AWAIT_HEADERS
@@ -389,7 +384,7 @@ class Dispatcher:
                     return Reply(engine, status, headers, content, None, deadline)
                 await trio.sleep(decision.delay)
             if decision.fresh_connection:
-                pool.close_idle(engine.origin)
+                pool.close_idle(engine.url)
             if decision.other_engine:
                 alternative = self.router.pick(
                     self.registry.engines, session=req.session, avoid=engine, prefix=req.prefix

@@ -23,7 +23,6 @@ import trio
 
 from trioforward._engine_url import engine_url
 from trioforward.dispatch._routing import stable_hash
-from trioforward.http._models import parse_target
 
 if TYPE_CHECKING:
     from trioforward.dispatch._request import Request
@@ -51,22 +50,11 @@ class EngineInfo:
     consecutive_failures: int
 
 
-class _Flight:
-    """One adapter load in progress; late requests wait on it (single-flight)."""
-
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.error: BaseException | None = None
-
-
 class Engine:
     """One engine's record. Mutated only from trio tasks (no locks: see DESIGN §3)."""
 
     __slots__ = (
         "url",
-        "origin",
         "seed",
         "capacity",
         "limiter",
@@ -78,9 +66,6 @@ class Engine:
         "eligible",
         "consecutive_failures",
         "consecutive_successes",
-        "adapters_loaded",
-        "adapter_epoch",
-        "adapter_flights",
         "calls",
         "waiters",
         "_idle",
@@ -89,7 +74,6 @@ class Engine:
 
     def __init__(self, url: str, capacity: int) -> None:
         self.url = url.rstrip("/")
-        self.origin = parse_target(self.url).key
         self.seed = stable_hash(self.url)
         self.capacity = capacity
         self.limiter = trio.CapacityLimiter(capacity if capacity > 0 else math.inf)
@@ -101,9 +85,6 @@ class Engine:
         self.eligible = True
         self.consecutive_failures = 0
         self.consecutive_successes = 0
-        self.adapters_loaded: set[str] = set()
-        self.adapter_epoch: dict[str, int] = {}
-        self.adapter_flights: dict[str, _Flight] = {}
         self.calls: set[Request] = set()  # dispatched here (for abort)
         self.waiters: set[Request] = set()  # parked in the limiter (for eviction)
         self._idle: trio.Event | None = None
@@ -136,10 +117,6 @@ class Engine:
         for request in list(self.calls):
             request.abort(reason)
 
-    def forget_adapters(self) -> None:
-        """The engine may have restarted: none of our loads can be assumed."""
-        self.adapters_loaded.clear()
-
     def call_finished(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0 and self._idle is not None:
@@ -164,7 +141,6 @@ class Registry:
         "health_failures",
         "health_successes",
         "_lot",
-        "version",
         "_changed",
     )
 
@@ -175,25 +151,26 @@ class Registry:
         self.health_failures = health_failures
         self.health_successes = health_successes
         self._lot = trio.lowlevel.ParkingLot()
-        self.version = 0
         self._changed: trio.Event | None = None
 
     # -- membership -----------------------------------------------------------
 
-    def add(self, url: str) -> Engine:
-        """Register ``url`` (idempotent). Raises :class:`EngineURLError` (a ``ValueError``)
-        naming what is wrong with a bad URL (docs/server.md, "Engine URLs")."""
+    def add(self, url: str) -> tuple[Engine, bool]:
+        """Register ``url`` (idempotent): the engine, and whether it is new.
+
+        Raises :class:`EngineURLError` (a ``ValueError``) naming what is wrong
+        with a bad URL (docs/server.md, "Engine URLs").
+        """
         key = engine_url(url)
         engine = self.by_url.get(key)
         if engine is not None:
-            return engine
+            return engine, False
         engine = Engine(key, self.capacity)
         # Copy-on-write: routing iterates ``engines`` without holding anything.
         self.engines = [*self.engines, engine]
         self.by_url[key] = engine
-        self.version += 1
         self.wake()
-        return engine
+        return engine, True
 
     def remove(self, url: str) -> Engine | None:
         """Unregister ``url``: in-flight requests are aborted, queued ones re-routed."""
@@ -209,7 +186,6 @@ class Registry:
             self._lot.unpark_all()
         if engine.health_scope is not None:
             engine.health_scope.cancel()
-        self.version += 1
         return engine
 
     def get(self, url: str) -> Engine:
@@ -228,7 +204,6 @@ class Registry:
         elif engine.eligible and not was:
             self.wake()
         if was is not engine.eligible:
-            self.version += 1
             if self._changed is not None:
                 self._changed.set()
                 self._changed = None
@@ -257,7 +232,6 @@ class Registry:
             and engine.consecutive_failures >= self.health_failures
         ):
             engine.healthy = False
-            engine.forget_adapters()
             self._refresh(engine)
             # Without this line an operator sees nothing: requests for an
             # ejected engine wait in QUEUED, they do not fail. (INFO, the
@@ -278,15 +252,10 @@ class Registry:
         engine.consecutive_successes += 1
         if not engine.healthy and engine.consecutive_successes >= self.health_successes:
             engine.healthy = True
-            engine.forget_adapters()  # it may be a restarted process
             self._refresh(engine)
             log.info("engine %s healthy again (re-admitted)", engine.url)
 
     # -- waiting for any eligible engine ----------------------------------------
-
-    @property
-    def parked(self) -> int:
-        return len(self._lot)
 
     def wake(self) -> None:
         """An engine became eligible: let the first parked request route again."""

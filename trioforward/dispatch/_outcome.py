@@ -8,7 +8,7 @@ from trioforward.dispatch._engines import Engine
 from trioforward.dispatch._policy import parse_retry_after
 from trioforward.errors import DispatchTimeout, EngineConnectError, TrioforwardError, UpstreamBroken
 from trioforward.http import PoolError, PoolTimeout, StreamResponse
-from trioforward.http._errors import Phase
+from trioforward.http import Phase
 
 __all__ = ["Reply", "gateway_error", "retry_after"]
 

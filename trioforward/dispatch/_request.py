@@ -14,7 +14,7 @@ import trio
 
 from trioforward.dispatch._policy import RetryCounts
 from trioforward.errors import DispatchAborted, TrioforwardError
-from trioforward.http._errors import Phase
+from trioforward.http import Phase
 
 if TYPE_CHECKING:
     from trioforward.dispatch._engines import Engine

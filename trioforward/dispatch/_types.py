@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from trioforward.http._models import PoolStatistics
+from trioforward.http import PoolStatistics
 
 __all__ = ["ForwardResponse", "ClientStatistics"]
 

@@ -22,7 +22,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from trioforward._settings import Settings
+from trioforward import Settings
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
 from trioforward.server._forward import OpenAIForwarder

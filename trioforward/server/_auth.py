@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable
 
-from trioforward._settings import Settings
+from trioforward import Settings
 from trioforward.server._errors import RequestError
 
 __all__ = ["check_auth"]

@@ -18,7 +18,7 @@ from typing import Any
 import click
 import trio
 
-from trioforward._settings import Knob, Settings, SettingsError, knobs
+from trioforward import Knob, Settings, SettingsError, knobs
 
 __all__ = ["serve", "load_settings"]
 

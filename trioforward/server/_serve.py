@@ -25,7 +25,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.utils import wrap_app
 
-from trioforward._settings import Settings
+from trioforward import Settings
 from trioforward.server import _gc
 from trioforward.server._worker import worker_serve
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from trioforward._settings import Settings
+from trioforward import Settings
 
 if TYPE_CHECKING:
     from trioforward.dispatch import Client
