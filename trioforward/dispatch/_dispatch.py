@@ -53,8 +53,8 @@ from trioforward.errors import (
 )
 from trioforward.http import (
     ConnectionPool,
-    PoolError,
     Phase,
+    PoolError,
     PoolTimeout,
     Response,
     StreamResponse,

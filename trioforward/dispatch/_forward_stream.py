@@ -8,8 +8,7 @@ import trio
 
 from trioforward.dispatch._outcome import Reply, gateway_error
 from trioforward.dispatch._request import Request, strip_response_headers
-from trioforward.http import PoolError
-from trioforward.http import Phase
+from trioforward.http import Phase, PoolError
 
 __all__ = ["ForwardStream"]
 
