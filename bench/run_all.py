@@ -48,18 +48,18 @@ class Bench:
     argv: tuple[str, ...]
 
 
-# Sizes chosen so the four runs together stay under 15 minutes on 2 cores.
+# Sizes chosen so the runs together stay under 15 minutes on 2 cores.
 BENCHMARKS = (
     Bench("pool_cpu", "Connection pool: client CPU per request vs httpx and aiohttp",
           ("--sizes", "512,2048,8192", "--requests", "16384", "--max-seconds", "20")),
-    Bench("gateway_burst", "Gateway bursts vs a reference forwarder and direct",
-          ("--sizes", "64,256,1024,4096,8192")),
+    Bench("gateway_burst", "Gateway bursts vs smg, sglang-router, a reference forwarder and direct",
+          ("--sizes", "64,1024,8192", "--min-requests", "4096")),
     Bench("dispatch_queueing", "32,768 requests with engine queueing", ()),
     Bench("futures_scale", "131,072 outstanding Tinker futures", ()),
 )
 
 PACKAGES = ("trio", "h11", "hypercorn", "quart", "quart-trio", "httpx", "aiohttp", "numpy",
-            "orjson", "prometheus-client", "openai", "tinker", "fastapi", "uvicorn")
+            "orjson", "prometheus-client", "openai", "tinker", "fastapi", "uvicorn", "smg", "sglang-router")
 
 
 def describe_machine() -> dict[str, Any]:
