@@ -156,6 +156,9 @@ async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
                 session, urls, pid = sessions[target["name"]], target["urls"], target["pid"]
                 accepted0 = await _accepted(stats_session, engines)
                 _, _, warmup_errors, warmup_kinds = await _burst(session, urls, size)  # opens the connections
+                if plan.get("handshake"):  # a profiler attaches between warm-up and measurement
+                    print("warm", file=sys.stderr, flush=True)
+                    await asyncio.to_thread(sys.stdin.readline)
                 # Small bursts are repeated until `min_requests` were sent, so the
                 # CPU reading (10 ms ticks) is precise at every size.
                 rounds = max(1, -(-plan["min_requests"] // size))

@@ -5,7 +5,7 @@ front of 2 instant simulated engines, as in ``bench/gateway_burst.py``) runs in
 a process of its own with two probes: a trio instrument (task steps and tasks
 spawned per request) and ``gc.callbacks`` (collector time, per generation).
 The load generator of ``bench/gateway_burst.py`` sends keep-alive bursts of
-that size; after a warm-up burst, ``py-spy record`` samples the gateway's
+that size; after its warm-up burst (which opens the connections), ``py-spy record`` samples the gateway's
 Python stacks (``--nonblocking``, 250 Hz, idle samples dropped) over the
 measured bursts, while ``/proc/PID/stat`` gives the process's CPU. Each sample
 is assigned to one layer by its innermost trioforward or Hypercorn frame (the
@@ -160,8 +160,8 @@ def classify(stack: list[str]) -> tuple[str, str]:
             if "/server/_forward.py" in path:
                 under_send = frame.startswith(("_respond ", "_relay_stream "))
     layer = "other"
-    if innermost is None:
-        layer = "scheduler"
+    if innermost is None:  # trio's own code in a task, or a truncated sample
+        layer = "scheduler" if any("/trio/" in f for f in stack) else "other"
     elif "/trioforward/http/" in innermost:
         layer = "pool"
     elif "/trioforward/dispatch/" in innermost:
@@ -214,24 +214,28 @@ def profile_size(size: int, engines: list[str], rate: int, min_requests: int, ke
             url = f"http://{host}:{port}"
             targets.wait_serving(url, engines, proc)
             target = {"name": "trioforward", "urls": [url], "pid": proc.pid, "keep_alive": 75.0}
-            warm = {"sizes": [size], "targets": [target], "engines": engines, "min_requests": size}
-            subprocess.run([sys.executable, burst.__file__, "--loadgen", json.dumps(warm)], check=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             rounds = max(1, -(-min_requests // size))
-            plan = {**warm, "min_requests": size * rounds}
+            plan = {"sizes": [size], "targets": [target], "engines": engines, "min_requests": size * rounds,
+                    "handshake": True}
+            loadgen = subprocess.Popen([sys.executable, burst.__file__, "--loadgen", json.dumps(plan)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            assert loadgen.stdin is not None and loadgen.stderr is not None
+            if loadgen.stderr.readline().strip() != b"warm":  # the warm-up burst opened the connections
+                raise RuntimeError("load generator failed during the warm-up burst")
             os.kill(proc.pid, signal.SIGUSR1)
-            cpu0 = burst.process_cpu(proc.pid)
             spy = subprocess.Popen(["py-spy", "record", "--pid", str(proc.pid), "--rate", str(rate), "--nonblocking",
                                     "--full-filenames", "--format", "raw", "--output", str(raw)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)  # py-spy attaches
-            loadgen = subprocess.run([sys.executable, burst.__file__, "--loadgen", json.dumps(plan)], check=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            cpu0 = burst.process_cpu(proc.pid)
+            stdout, _ = loadgen.communicate(b"go\n")
             cpu = burst.process_cpu(proc.pid) - cpu0
             os.kill(proc.pid, signal.SIGUSR2)
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=30)
-            rows = json.loads(loadgen.stdout)
+            if loadgen.returncode:
+                raise RuntimeError(f"load generator exited with {loadgen.returncode}")
+            rows = json.loads(stdout)
             deadline = time.monotonic() + 5
             while not dump.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -242,7 +246,7 @@ def profile_size(size: int, engines: list[str], rate: int, min_requests: int, ke
         finally:
             for p in procs:
                 targets.stop(p)
-    requests = rows[-1]["requests"] + size  # the measured call's own warm-up burst included
+    requests = rows[-1]["requests"]
     gc_us = counters.get("gc_cpu_us", 0) / requests
     rest_us = 1e6 * cpu / requests - gc_us
     layers = {name: rest_us * counts.get(name, 0) / samples for name in LAYERS if name != "collector"}
@@ -305,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             targets.stop(p)
     report = {
         "benchmark": "profile_gateway",
-        "method": "per size: fresh gateway, warm-up burst, then py-spy (--nonblocking, idle dropped) over "
+        "method": "per size: fresh gateway, warm-up burst (not measured), then py-spy (--nonblocking, idle dropped) over "
         "bursts of that size; layer µs = sample share × (process CPU − gc callback time) / requests",
         "rate_hz": args.rate,
         "results": results,
