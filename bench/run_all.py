@@ -56,6 +56,7 @@ BENCHMARKS = (
           ("--sizes", "64,1024,8192", "--min-requests", "4096")),
     Bench("dispatch_queueing", "32,768 requests with engine queueing", ()),
     Bench("futures_scale", "131,072 outstanding Tinker futures", ()),
+    Bench("prefix_routing", "Prefix routing vs least-outstanding, round-robin, session and smg", ()),
 )
 
 PACKAGES = ("trio", "h11", "hypercorn", "quart", "quart-trio", "httpx", "aiohttp", "numpy",

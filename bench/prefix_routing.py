@@ -1,0 +1,427 @@
+"""Prefix routing: prompt tokens computed vs cached, time and load spread, five routers in one run.
+
+Four simulated engines (``trioforward sim-engine``, each with a prefix cache and
+a real prefill cost per uncached token) behind, in turn: ``trioforward serve``
+with ``routing`` = ``least-outstanding``, ``round-robin``, ``session`` (the
+client sends ``X-Session-ID``), ``prefix`` (no header), and smg's
+``cache_aware`` policy (``smg launch``, the ``smg`` package, defaults). Three
+workloads each, engine caches and counters reset between runs:
+
+- ``agentic``: S sessions x T turns, run concurrently; each turn's prompt is
+  the previous prompt plus the answer plus new tokens (a shared system prompt,
+  then a per-session task);
+- ``grpo``: batches of Q groups of G identical prompts, each batch sent at
+  once as separate requests (session id = group), one batch after another;
+- ``skewed``: one hot prefix (75 % of the requests, a unique tail each), the
+  rest unique prompts, at a fixed concurrency.
+
+Each engine's running + queued count is sampled every 20 ms; its peak is
+compared with the load bound of ``routing = "prefix"`` (``prefix_load_factor``
+1.25 of the mean, at the workload's peak concurrency).
+
+Prompts are text (smg's HTTP router refuses token-id prompts: its
+``CompletionRequest.prompt`` is a string or a list of strings). The simulated
+engine tokenizes text as its UTF-8 bytes, so one character is one token, and
+an answer's text is not the token ids it cached: a next turn reuses the
+previous prompt, not the answer. The machine has 2 cores, shared with other
+work while this ran: compare ratios within one run.
+
+    python bench/prefix_routing.py [--sessions 32 --turns 6 --groups 16 --group-size 8]
+
+Writes ``bench/results/prefix_routing.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+CLI = "from trioforward.cli import main; main()"
+POLICIES = ("least-outstanding", "round-robin", "session", "prefix", "smg-cache_aware")
+LOAD_FACTOR = 1.25
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout} s")
+
+
+def _ready(url: str, timeout: float = 30.0) -> None:
+    """A router is ready once a completion goes through (smg registers workers after /health)."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": "sim-base", "prompt": "ready?", "max_tokens": 1}).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        request = urllib.request.Request(
+            url + "/v1/completions", data=body, headers={"content-type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.HTTPError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} answered no completion in {timeout} s")
+        time.sleep(0.2)
+
+
+# --- workloads (asyncio + aiohttp, in this process) ---------------------------------
+
+
+def _text(tag: str, n: int) -> str:
+    """``n`` characters (= tokens for the simulated engine) unique to ``tag``."""
+    unit = f"[{tag}] "
+    return (unit * (n // len(unit) + 1))[:n]
+
+
+class _Run:
+    def __init__(self, session: Any, url: str, headers: bool, max_tokens: int) -> None:
+        self.session = session
+        self.url = url + "/v1/completions"
+        self.headers = headers
+        self.max_tokens = max_tokens
+        self.latencies: list[float] = []
+        self.errors = 0
+
+    async def complete(self, prompt: str, key: str) -> str:
+        body = {"model": "sim-base", "prompt": prompt, "max_tokens": self.max_tokens}
+        headers = {"x-session-id": key} if self.headers else {}
+        start = time.perf_counter()
+        async with self.session.post(self.url, json=body, headers=headers) as response:
+            data = await response.json(content_type=None)
+            if response.status != 200:
+                self.errors += 1
+                return ""
+        self.latencies.append(time.perf_counter() - start)
+        return str(data["choices"][0]["text"])
+
+
+async def _agentic(run: _Run, sessions: int, turns: int, system: int, task: int, new: int) -> None:
+    shared = _text("system: you are a careful agent", system)
+
+    async def one(s: int) -> None:
+        prompt = shared + _text(f"task {s}", task)
+        for t in range(turns):
+            answer = await run.complete(prompt, f"session-{s}")
+            prompt = prompt + answer + _text(f"tool output {s}.{t}", new)
+
+    await asyncio.gather(*(one(s) for s in range(sessions)))
+
+
+async def _grpo(
+    run: _Run, rounds: int, groups: int, size: int, system: int, question: int
+) -> None:
+    shared = _text("system: solve the problem", system)
+    for r in range(rounds):  # a trainer step: one batch of groups, then the next
+        prompts = [shared + _text(f"question {r}.{q}", question) for q in range(groups)]
+        await asyncio.gather(
+            *(run.complete(prompts[q], f"group-{r}.{q}") for q in range(groups) for _ in range(size))
+        )
+
+
+async def _skewed(run: _Run, requests: int, concurrency: int, hot: int, tail: int) -> None:
+    hot_prefix = _text("hot: the long shared instructions", hot)
+    work = list(range(requests))
+
+    async def worker() -> None:
+        while work:
+            i = work.pop()
+            if i % 4:  # 3 of 4 share the hot prefix
+                await run.complete(hot_prefix + _text(f"item {i}", tail), f"hot-{i}")
+            else:
+                await run.complete(_text(f"cold {i}", hot + tail), f"cold-{i}")
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _sample_loads(session: Any, engines: list[str], out: list[list[int]]) -> None:
+    while True:
+        loads = []
+        for url in engines:
+            async with session.get(url + "/sim/stats") as response:
+                stats = await response.json()
+            loads.append(int(stats["running"]) + int(stats["queued"]))
+        out.append(loads)
+        await asyncio.sleep(0.02)
+
+
+async def _reset(session: Any, engines: list[str]) -> None:
+    for url in engines:
+        async with session.post(url + "/reset_prefix_cache") as response:
+            await response.read()
+        async with session.post(url + "/sim/faults", json={"reset_stats": True}) as response:
+            await response.read()
+
+
+async def _stats(session: Any, engines: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for url in engines:
+        async with session.get(url + "/sim/stats") as response:
+            out.append(await response.json())
+    return out
+
+
+async def _workload(name: str, target: str, url: str, engines: list[str], args: Any) -> dict[str, Any]:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=300)
+    ) as session:
+        await _reset(session, engines)
+        run = _Run(session, url, target == "session", args.max_tokens)
+        samples: list[list[int]] = []
+        sampler = asyncio.ensure_future(_sample_loads(session, engines, samples))
+        start = time.perf_counter()
+        try:
+            if name == "agentic":
+                await _agentic(run, args.sessions, args.turns, args.system, args.task, args.new_tokens)
+            elif name == "grpo":
+                await _grpo(run, args.rounds, args.groups, args.group_size, args.system, args.task)
+            else:
+                await _skewed(run, args.skewed_requests, args.concurrency, args.hot, args.tail)
+        finally:
+            wall = time.perf_counter() - start
+            sampler.cancel()
+        stats = await _stats(session, engines)
+    computed = sum(s["prompt_tokens_computed"] for s in stats)
+    cached = sum(s["prompt_tokens_cached"] for s in stats)
+    per_engine = [int(s["by_path"].get("/v1/completions", 0)) for s in stats]
+    lat = sorted(run.latencies)
+    # A closed loop keeps at most `peak` requests outstanding, so at every
+    # placement the bound was at most ceil(1.25 * peak / n); an engine never
+    # holds more than the gateway placed on it, so engine-side samples above
+    # that mean the bound was broken (for routers that keep one).
+    peak = {"agentic": args.sessions, "grpo": args.groups * args.group_size}.get(
+        name, args.concurrency
+    )
+    bound = math.ceil(LOAD_FACTOR * peak / len(engines))
+    peak_load = max((max(loads) for loads in samples), default=0)
+    return {
+        "target": target,
+        "workload": name,
+        "requests": len(run.latencies) + run.errors,
+        "errors": run.errors,
+        "wall_s": wall,
+        "prompt_tokens_computed": computed,
+        "prompt_tokens_cached": cached,
+        "cached_share": cached / (computed + cached) if computed + cached else 0.0,
+        "p50_ms": 1e3 * lat[len(lat) // 2] if lat else None,
+        "p99_ms": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
+        "requests_per_engine": per_engine,
+        "spread": max(per_engine) / (sum(per_engine) / len(per_engine)) if sum(per_engine) else None,
+        "load_samples": len(samples),
+        "peak_engine_load": peak_load,
+        "bound": bound,
+    }
+
+
+# --- orchestration --------------------------------------------------------------------
+
+
+def _start_target(target: str, engines: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    if target == "smg-cache_aware":
+        if importlib.util.find_spec("smg") is None:
+            raise RuntimeError("smg is not installed (pip install -e '.[bench]')")
+        # By module: sglang-router's wheel installs a `smg` script too.
+        args = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port), "--policy",
+                "cache_aware", "--log-level", "warn", "--worker-urls", *engines]
+    else:
+        args = [sys.executable, "-c", CLI, "serve", "--port", str(port), "--routing", target,
+                "--no-access-log", "--log-level", "warning"]
+        for engine in engines:
+            args += ["--engine", engine]
+    proc = _spawn(args)
+    try:
+        _wait_ready(url, proc)
+        _ready(url)
+    except BaseException:
+        _stop(proc)
+        raise
+    return proc, url
+
+
+def run(args: Any) -> dict[str, Any]:
+    procs: list[subprocess.Popen[bytes]] = []
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    try:
+        engines = []
+        for _ in range(args.engines):
+            port = _free_port()
+            proc = _spawn([
+                sys.executable, "-c", CLI, "sim-engine", "--port", str(port),
+                "--capacity", str(args.capacity),
+                "--prefill-ms-per-token", str(args.prefill_ms),
+                "--decode-ms-per-token", str(args.decode_ms),
+                "--prefix-cache-tokens", str(args.cache_tokens),
+            ])
+            procs.append(proc)
+            engines.append(f"http://127.0.0.1:{port}")
+        for url, proc in zip(engines, procs, strict=True):
+            _wait_ready(url, proc)
+        for target in args.targets:
+            try:
+                proc, url = _start_target(target, engines)
+            except (RuntimeError, OSError) as exc:
+                skipped[target] = str(exc)
+                print(f"{target}: skipped ({exc})", file=sys.stderr, flush=True)
+                continue
+            try:
+                for name in ("agentic", "grpo", "skewed"):
+                    row = asyncio.run(_workload(name, target, url, engines, args))
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    rows.append(row)
+            finally:
+                _stop(proc)
+    finally:
+        for proc in procs:
+            _stop(proc)
+    return {
+        "benchmark": "prefix_routing",
+        "cpus": os.cpu_count(),
+        "engines": args.engines,
+        "engine": f"sim-engine --capacity {args.capacity} --prefill-ms-per-token {args.prefill_ms} "
+        f"--decode-ms-per-token {args.decode_ms} --prefix-cache-tokens {args.cache_tokens}",
+        "workloads": f"agentic {args.sessions} sessions x {args.turns} turns (system {args.system}, "
+        f"task {args.task}, +{args.new_tokens} tokens a turn); grpo {args.rounds} batches of "
+        f"{args.groups} groups x {args.group_size}; skewed {args.skewed_requests} requests at concurrency "
+        f"{args.concurrency}, 3/4 on a {args.hot}-token hot prefix; max_tokens {args.max_tokens}",
+        "note": "2 cores shared with other work: compare within this run. smg cache_aware with its "
+        "defaults (cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5).",
+        "skipped": skipped,
+        "results": rows,
+        "ratios": _ratios(rows),
+    }
+
+
+def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload and target: cached share vs session's, wall time vs least-outstanding's."""
+    by = {(r["workload"], r["target"]): r for r in rows}
+    out = []
+    for r in rows:
+        session = by.get((r["workload"], "session"))
+        least = by.get((r["workload"], "least-outstanding"))
+        entry: dict[str, Any] = {"workload": r["workload"], "target": r["target"]}
+        if session and session["cached_share"]:
+            entry["cached_share_vs_session"] = r["cached_share"] / session["cached_share"]
+        if least:
+            entry["wall_vs_least_outstanding"] = r["wall_s"] / least["wall_s"]
+        out.append(entry)
+    return out
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The results as a Markdown table (used by ``bench/run_all.py`` for docs/performance.md)."""
+    ratios = {(r["workload"], r["target"]): r for r in report.get("ratios", [])}
+
+    def fmt(value: Any, spec: str) -> str:
+        return format(value, spec) if isinstance(value, (int, float)) else "–"
+
+    lines = [
+        "| workload | router | errors | computed | cached | cached share | vs session | wall s "
+        "| vs least-outst. | p50 ms | p99 ms | requests per engine | peak engine load "
+        "| bound |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in report["results"]:
+        ratio = ratios.get((r["workload"], r["target"]), {})
+        lines.append(
+            f"| {r['workload']} | {r['target']} | {r['errors']} | {r['prompt_tokens_computed']} | "
+            f"{r['prompt_tokens_cached']} | {fmt(r['cached_share'], '.2f')} | "
+            f"{fmt(ratio.get('cached_share_vs_session'), '.2f')} | {fmt(r['wall_s'], '.2f')} | "
+            f"{fmt(ratio.get('wall_vs_least_outstanding'), '.2f')} | {fmt(r['p50_ms'], '.0f')} | "
+            f"{fmt(r['p99_ms'], '.0f')} | {' '.join(map(str, r['requests_per_engine']))} | "
+            f"{r['peak_engine_load']} | {r['bound']} |"
+        )
+    for target, why in report.get("skipped", {}).items():
+        lines.append(f"\n{target} did not run: {why}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description="Prefix routing vs other routers on cached prefill.")
+    p.add_argument("--engines", type=int, default=4)
+    p.add_argument("--capacity", type=int, default=4, help="requests each engine runs at once")
+    p.add_argument("--prefill-ms", type=float, default=0.2, help="prefill per uncached token (ms)")
+    p.add_argument("--decode-ms", type=float, default=2.0, help="per decode step (ms)")
+    p.add_argument("--cache-tokens", type=int, default=1 << 16, help="prefix cache per engine")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--sessions", type=int, default=32)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--system", type=int, default=512, help="shared system prompt (tokens)")
+    p.add_argument("--task", type=int, default=256, help="per-session task / question (tokens)")
+    p.add_argument("--new-tokens", type=int, default=96, help="new tokens a turn")
+    p.add_argument("--rounds", type=int, default=3, help="GRPO batches, one after the other")
+    p.add_argument("--groups", type=int, default=16, help="GRPO groups per batch")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--skewed-requests", type=int, default=480)
+    p.add_argument("--concurrency", type=int, default=24)
+    p.add_argument("--hot", type=int, default=1536, help="hot prefix (tokens)")
+    p.add_argument("--tail", type=int, default=64, help="unique tail of a hot request (tokens)")
+    p.add_argument("--targets", default=",".join(POLICIES))
+    p.add_argument("--out", default=str(RESULTS / "prefix_routing.json"))
+    args = p.parse_args(argv)
+    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    report = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(format_table(report))
+    print(f"wrote {out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
