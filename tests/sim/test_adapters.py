@@ -45,7 +45,10 @@ async def test_duplicate_load_is_400_already_loaded(fd_baseline: int) -> None:
     async with open_engine(lora_modules={"pre": "/ckpt/pre"}) as engine:
         dup = await request(engine, "POST", LOAD, {"lora_name": "pre", "lora_path": "/ckpt/pre"})
         assert dup.status == 400
-        assert dup.json()["error"]["message"] == "The lora adapter 'pre' has already been loaded."
+        assert dup.json()["error"]["type"] == "InvalidUserInput"
+        assert dup.json()["error"]["message"].startswith(
+            "The lora adapter 'pre' has already been loaded."
+        )
         assert (
             await request(engine, "POST", "/v1/completions", {"model": "pre", "prompt": [1]})
         ).status == 200
@@ -60,13 +63,13 @@ async def test_missing_path_and_unknown_model_status_is_selectable(
         for path in ("/gone", "/ckpt/missing-one"):
             reply = await request(engine, "POST", LOAD, {"lora_name": "x", "lora_path": path})
             assert reply.status == status
-            assert (
-                reply.json()["error"]["message"]
-                == f"Loading lora x failed: No adapter found for {path}"
-            )
+            # vLLM 0.32 does not echo the path
+            assert reply.json()["error"]["message"] == "Loading lora x failed: No adapter found for <path>"
         unknown = await request(engine, "POST", "/v1/completions", {"model": "x", "prompt": [1]})
         assert unknown.status == status
-        assert unknown.json()["error"]["message"] == "The model `x` does not exist."
+        assert unknown.json()["error"]["message"] == (
+            "The model `x` does not exist. Valid aliases: sim-base, sim-base-2."
+        )
         bad = await request(engine, "POST", LOAD, {"lora_name": "x"})
         assert bad.status == 400
         assert engine.stats.adapter_loads == {}

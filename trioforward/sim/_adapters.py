@@ -1,20 +1,29 @@
 """Base models and LoRA adapters of a simulated engine (vLLM's model registry).
 
-vLLM behaviour reproduced (``vllm/entrypoints/openai/serving_models.py``):
+vLLM 0.32 behaviour reproduced (``vllm/entrypoints/openai/serving_models.py``;
+recorded answers in ``tests/sim/vllm_0_32_fixtures/``, docs/compatibility.md):
 
-- ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` → 200 text
-  ``Success: LoRA adapter 'NAME' added successfully.``; a loaded name → 400
-  ``The lora adapter 'NAME' has already been loaded.``; a path with no adapter
-  → ``missing_status`` (404, or 400) ``Loading lora NAME failed: No adapter found for PATH``.
-  A path "has no adapter" when it is in ``missing_paths`` or contains ``"missing"``.
-- ``POST /v1/unload_lora_adapter {"lora_name"}`` → 200, or 404 when not loaded.
+- ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` → 200 plain text
+  ``Success: LoRA adapter 'NAME' added successfully.`` with no content type; a
+  loaded name → 400 ``InvalidUserInput`` "has already been loaded" (unless
+  ``"load_inplace": true``, which loads it again); a base model's name → 400
+  ``InvalidUserInput`` "conflicts with a served base model"; a path with no
+  adapter → ``missing_status`` (404, or 400) ``Loading lora NAME failed: No
+  adapter found for <path>`` (vLLM does not echo the path). A path "has no
+  adapter" when it is in ``missing_paths`` or contains ``"missing"``.
+- ``POST /v1/unload_lora_adapter {"lora_name"}`` → 200 plain text, or 404 when not loaded.
+- A missing field → 400 ``Bad Request`` with ``param: "body.FIELD"``.
 - With runtime loading disabled both answer 404 ``{"detail": "Not Found"}``
   (the routes do not exist, as vLLM without ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``).
-- Lazy mode (the filesystem resolver): the first request naming an adapter the
-  engine *can find* gets the unknown-model error, and the adapter is loaded by
-  itself ``lazy_seconds`` later. It can find the names of ``resolvable``
-  (name → path); when ``resolvable`` is empty, any name without ``"missing"``
-  in it (path ``/adapters/NAME``).
+- Lazy mode (the filesystem resolver, ``VLLM_LORA_RESOLVER_CACHE_DIR``): a
+  request naming an adapter the engine *can find* loads it. With
+  ``lazy_seconds == 0`` the request that names it is answered by it, as vLLM
+  0.32 does. With ``lazy_seconds > 0`` the sim differs on purpose: the first
+  request gets the unknown-model error and the adapter loads by itself
+  ``lazy_seconds`` later — an engine whose resolver lags (files still being
+  written), which drives the gateway's adapter-not-loaded retry path. It can
+  find the names of ``resolvable`` (name → path); when ``resolvable`` is
+  empty, any name without ``"missing"`` in it (path ``/adapters/NAME``).
 """
 
 from __future__ import annotations
@@ -25,22 +34,49 @@ from typing import Any
 import orjson
 import trio
 
-from trioforward.sim._api import error_body
+from trioforward.sim._errors import error_body, missing_field, unknown_model
 from trioforward.sim._stats import EngineStats
 
 __all__ = ["Adapters", "NOT_FOUND_DETAIL"]
 
 NOT_FOUND_DETAIL = orjson.dumps({"detail": "Not Found"})
 
-Answer = tuple[int, bytes, bytes]  # status, content type, body
+Answer = tuple[int, bytes, bytes]  # status, content type (b"" = none), body
 _JSON = b"application/json"
-_TEXT = b"text/plain; charset=utf-8"
+_TEXT = b""  # vLLM's load/unload answers carry no content type
 
 
 def _err(status: int, message: str, type: str | None = None) -> Answer:
     if type is None:
         type = "NotFoundError" if status == 404 else "BadRequestError"
     return status, _JSON, error_body(message, type, status)
+
+
+def _request(body: bytes) -> dict[str, Any]:
+    try:
+        req = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        req = None
+    return req if isinstance(req, dict) else {}
+
+
+def _permission() -> list[dict[str, Any]]:
+    return [
+        {
+            "id": "modelperm-sim",
+            "object": "model_permission",
+            "created": 0,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
+    ]
 
 
 class Adapters:
@@ -58,6 +94,7 @@ class Adapters:
         runtime_lora: bool = True,
         missing_status: int = 404,
         load_seconds: float = 0.0,
+        max_model_len: int | None = None,
     ) -> None:
         if not models:
             raise ValueError("an engine needs at least one base model")
@@ -72,6 +109,7 @@ class Adapters:
         self.runtime_lora = runtime_lora
         self.missing_status = missing_status
         self.load_seconds = load_seconds
+        self.max_model_len = max_model_len
         self._loading: set[str] = set()
         self._lazy_pending: set[str] = set()
 
@@ -82,15 +120,28 @@ class Adapters:
     def unknown(self, name: str, start_soon: Callable[..., Any]) -> Answer:
         """The answer to a request naming ``name`` that is not served.
 
-        In lazy mode, schedules the self-load of a findable adapter with
-        ``start_soon`` (once per name until it is loaded).
+        In lazy mode with a lag, schedules the self-load of a findable adapter
+        with ``start_soon`` (once per name until it is loaded).
         """
-        if self.lazy_seconds is not None and name not in self._lazy_pending:
+        if self.lazy_seconds and name not in self._lazy_pending:
             path = self._find(name)
             if path is not None:
                 self._lazy_pending.add(name)
                 start_soon(self._lazy_load, name, path)
-        return _err(self.missing_status, f"The model `{name}` does not exist.")
+        error = unknown_model(name, self.base, self.missing_status)
+        return error.status, _JSON, error.body()
+
+    def resolve_now(self, name: str) -> bool:
+        """Lazy mode without lag (vLLM's resolver): load ``name`` now if it can be found."""
+        if self.lazy_seconds != 0:
+            return False
+        path = self._find(name)
+        if path is None or not self.exists(path):
+            return False
+        self._add(name, path, self.base[0])
+        self.stats.lazy_loads[name] += 1
+        self.stats.changed()
+        return True
 
     def _find(self, name: str) -> str | None:
         if self.resolvable:
@@ -119,24 +170,25 @@ class Adapters:
         """Handle ``POST /v1/load_lora_adapter`` (takes ``load_seconds``)."""
         if not self.runtime_lora:
             return 404, _JSON, NOT_FOUND_DETAIL
-        try:
-            req = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            req = None
-        name = req.get("lora_name") if isinstance(req, dict) else None
-        path = req.get("lora_path") if isinstance(req, dict) else None
-        if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+        req = _request(body)
+        name, path = req.get("lora_name"), req.get("lora_path")
+        for field, value in (("lora_name", name), ("lora_path", path)):
+            if not isinstance(value, str):
+                error = missing_field(field, req)
+                return error.status, _JSON, error.body()
+        assert isinstance(name, str) and isinstance(path, str)
+        if name in self.base:
+            message = f"The lora adapter '{name}' conflicts with a served base model."
+            return _err(400, message, "InvalidUserInput")
+        if (name in self.loaded and not req.get("load_inplace")) or name in self._loading:
             return _err(
-                400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput"
-            )
-        if name in self.loaded or name in self._loading or name in self.base:
-            return _err(
-                400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput"
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want to load "
+                "the adapter in place, set 'load_inplace' to True.",
+                "InvalidUserInput",
             )
         if not self.exists(path):
-            return _err(
-                self.missing_status, f"Loading lora {name} failed: No adapter found for {path}"
-            )
+            return _err(self.missing_status, f"Loading lora {name} failed: No adapter found for <path>")
         parent = req.get("base_model_name") or self.base[0]
         if self.load_seconds > 0:
             self._loading.add(name)
@@ -151,13 +203,11 @@ class Adapters:
         """Handle ``POST /v1/unload_lora_adapter``."""
         if not self.runtime_lora:
             return 404, _JSON, NOT_FOUND_DETAIL
-        try:
-            req = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            req = None
-        name = req.get("lora_name") if isinstance(req, dict) else None
-        if not isinstance(name, str) or not name:
-            return _err(400, "'lora_name' must be provided.", "InvalidUserInput")
+        req = _request(body)
+        name = req.get("lora_name")
+        if not isinstance(name, str):
+            error = missing_field("lora_name", req)
+            return error.status, _JSON, error.body()
         if name not in self.loaded:
             return _err(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
         del self.loaded[name]
@@ -166,27 +216,24 @@ class Adapters:
         return 200, _TEXT, f"Success: LoRA adapter '{name}' removed successfully.".encode()
 
     def models_body(self, created: int) -> bytes:
-        """``GET /v1/models``: base models, then adapters (``parent`` = base, ``root`` = path)."""
+        """``GET /v1/models``: base models, then adapters (``parent`` = base, ``root`` = path).
+
+        A base model's ``max_model_len`` is the engine's (null = unlimited); an adapter's is null.
+        """
+        entries: list[tuple[str, str, str | None, int | None]]
+        entries = [(m, m, None, self.max_model_len) for m in self.base]
+        entries += [(n, path, parent, None) for n, (path, parent) in self.loaded.items()]
         data = [
             {
-                "id": m,
+                "id": name,
                 "object": "model",
                 "created": created,
                 "owned_by": "vllm",
-                "root": m,
-                "parent": None,
-            }
-            for m in self.base
-        ]
-        data += [
-            {
-                "id": n,
-                "object": "model",
-                "created": created,
-                "owned_by": "vllm",
-                "root": path,
+                "root": root,
                 "parent": parent,
+                "max_model_len": length,
+                "permission": _permission(),
             }
-            for n, (path, parent) in self.loaded.items()
+            for name, root, parent, length in entries
         ]
         return orjson.dumps({"object": "list", "data": data})

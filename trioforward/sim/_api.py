@@ -1,19 +1,29 @@
 """vLLM's OpenAI-compatible wire format, without I/O: parse requests, build bodies.
 
-Shapes follow vLLM's ``vllm/entrypoints/openai/protocol.py`` (completion and
-chat completion responses and stream chunks) as summarised in
-``shared/reference/engine_api.md``.
+Shapes follow vLLM 0.32's ``vllm/entrypoints/openai/protocol.py`` (completion
+and chat completion responses); ``tests/sim/test_vllm_contract.py`` holds them
+to answers recorded from a real vLLM (docs/compatibility.md). Streams are built
+in ``_stream.py``, errors in ``_errors.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from trioforward.sim._errors import (
+    ApiError,
+    error_body,
+    invalid_field,
+    invalid_json,
+    missing_field,
+    out_of_range,
+)
 from trioforward.sim._generate import (
+    VOCAB_SIZE,
     Sample,
     expected_prompt_logprobs,
     expected_top_logprobs,
@@ -24,32 +34,20 @@ from trioforward.sim._generate import (
 __all__ = [
     "ApiError",
     "Generation",
+    "SYSTEM_FINGERPRINT",
     "parse_generation",
     "complete_body",
-    "stream_steps",
+    "completion_logprobs",
+    "chat_logprobs",
+    "usage",
     "error_body",
 ]
 
 _MAX_TOKENS_LIMIT = 1 << 16
 _MAX_N = 1024
-
-
-class ApiError(Exception):
-    """A request the engine answers with ``status`` and an OpenAI error body."""
-
-    def __init__(self, status: int, message: str, type: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, self.status)
-
-
-def error_body(message: str, type: str, code: int) -> bytes:
-    """``{"error": {"message", "type", "code"}}`` as vLLM answers errors."""
-    return orjson.dumps({"error": {"message": message, "type": type, "code": code}})
+_MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+# vLLM answers "vllm-VERSION-HASH"; the sim names itself.
+SYSTEM_FINGERPRINT = "trioforward-sim"
 
 
 @dataclass(slots=True)
@@ -59,8 +57,11 @@ class Generation:
     ``prompts``: one token-id list per prompt (chat: one, the rendered messages);
     choices are numbered prompt-major: ``index = prompt_no * n + i``.
     ``logprobs``: top-k for generated tokens (chat: ``top_logprobs`` when
-    ``logprobs`` is true), None = no logprobs. ``cached_tokens``: prompt tokens
-    the engine's prefix cache held (set by an engine with one; None = no cache).
+    ``logprobs`` is true), None = no logprobs. ``max_tokens`` is already cut
+    to what fits in the model length (vLLM does not refuse prompt + max_tokens
+    over ``max_model_len``; the output ends there with ``finish_reason: "length"``).
+    ``cached_tokens``: prompt tokens the engine's prefix cache held (set by an
+    engine with one; None = no cache).
     """
 
     chat: bool
@@ -91,45 +92,55 @@ def _int(body: dict[str, Any], key: str, default: int | None, lo: int, hi: int) 
     value = body.get(key, default)
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise ApiError(400, f"{key} must be an integer in [{lo}, {hi}], got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid_field(key, "integer", value)
+    if key.endswith("logprobs") and value > hi:
+        kind = "prompt" if key == "prompt_logprobs" else "sample"
+        message = f"Requested {kind} logprobs of {value}, which is greater than max allowed: {hi}"
+        raise out_of_range(key, message, value)
+    if not lo <= value <= hi:
+        raise out_of_range(key, f"{key} must be in [{lo}, {hi}], got {value}.", value)
     return value
 
 
 def _token_ids(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(type(t) is int and 0 <= t < 1 << 31 for t in value):
+    if isinstance(value, list) and all(type(t) is int for t in value):
         return value
     return None
 
 
+_NO_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)"
+
+
 def _prompts(raw: Any) -> list[list[int]]:
+    if raw is None or raw == "" or raw == []:
+        raise ApiError(400, _NO_PROMPT, param="prompt")
     if isinstance(raw, str):
         return [tokenize(raw)]
     ids = _token_ids(raw)
-    if ids is not None and (raw or not isinstance(raw, list)):
+    if ids is not None:
         return [ids]
-    if isinstance(raw, list) and raw:
+    if isinstance(raw, list):
         out = []
         for item in raw:
             if isinstance(item, str):
                 out.append(tokenize(item))
-            elif (ids := _token_ids(item)) is not None:
+            elif (ids := _token_ids(item)) is not None and ids:
                 out.append(ids)
             else:
-                raise ApiError(
-                    400, "prompt must be a string, a list of token ids, or a list of either"
-                )
+                raise invalid_field("prompt", "string", raw)
         return out
-    raise ApiError(400, "prompt must be a string, a list of token ids, or a list of either")
+    raise invalid_field("prompt", "string", raw)
 
 
-def _messages(raw: Any) -> list[int]:
-    if not isinstance(raw, list) or not raw:
-        raise ApiError(400, "messages must be a non-empty list")
+def _messages(body: dict[str, Any]) -> list[int]:
+    raw = body.get("messages")
+    if raw is None:
+        raise missing_field("messages", body)
+    if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
+        raise invalid_field("messages", "list", raw)
     parts = []
     for m in raw:
-        if not isinstance(m, dict):
-            raise ApiError(400, "each message must be an object")
         content = m.get("content") or ""
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -137,66 +148,106 @@ def _messages(raw: Any) -> list[int]:
     return tokenize("".join(parts))
 
 
-def parse_generation(chat: bool, data: bytes, default_model: str) -> Generation:
-    """Parse a generation request body; raises :class:`ApiError` (400) when invalid."""
+def _check_prompt(ids: list[int], max_model_len: int | None) -> None:
+    for t in ids:
+        if not 0 <= t < VOCAB_SIZE:
+            raise ApiError(400, f"Token id {t} is out of vocabulary")
+    if max_model_len is not None and len(ids) > max_model_len:
+        message = (
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {len(ids)} input tokens, which exceeds this limit even without "
+            "any output tokens. Please reduce the length of the input prompt."
+        )
+        raise out_of_range("input_tokens", message, len(ids))
+
+
+def _temperature(body: dict[str, Any]) -> None:
+    value = body.get("temperature")
+    if value is None:
+        return
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise invalid_field("temperature", "number", value)
+    if value < 0:
+        message = f"temperature must be non-negative, got {float(value)}."
+        raise out_of_range("temperature", message, float(value))
+
+
+def parse_generation(
+    chat: bool, data: bytes, default_model: str, max_model_len: int | None = None
+) -> Generation:
+    """Parse a generation request body; raises :class:`ApiError` (400) when invalid.
+
+    ``max_model_len``: the model length in tokens (None = unlimited): a longer
+    prompt is refused, a longer prompt + ``max_tokens`` is cut (as vLLM).
+    """
     try:
         body = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"invalid JSON body: {exc}") from None
+    except orjson.JSONDecodeError:
+        raise invalid_json(data) from None
     if not isinstance(body, dict):
-        raise ApiError(400, "body must be a JSON object")
+        raise invalid_field("", "dictionary", body)
     model = body.get("model") or default_model
     if not isinstance(model, str):
-        raise ApiError(400, "model must be a string")
-    prompts = [_messages(body.get("messages"))] if chat else _prompts(body.get("prompt"))
+        raise invalid_field("model", "string", model)
     key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-    gen = Generation(chat=chat, model=model, prompts=prompts)
-    gen.max_tokens = _int(body, key, 16, 0, _MAX_TOKENS_LIMIT) or 0
+    max_tokens = _int(body, key, 16, 0, _MAX_TOKENS_LIMIT) or 0
+    gen = Generation(chat=chat, model=model, prompts=[], max_tokens=max_tokens)
     gen.n = _int(body, "n", 1, 1, _MAX_N) or 1
+    _temperature(body)
     seed = body.get("seed")
     if seed is not None and (type(seed) is not int):
-        raise ApiError(400, "seed must be an integer")
+        raise invalid_field("seed", "integer", seed)
     gen.seed = seed
     stop_ids = body.get("stop_token_ids") or []
     if _token_ids(stop_ids) is None:
-        raise ApiError(400, "stop_token_ids must be a list of token ids")
+        raise invalid_field("stop_token_ids", "list", stop_ids)
     gen.stop_token_ids = tuple(stop_ids)
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise ApiError(400, "stop must be a string or a list of strings")
+        raise invalid_field("stop", "string", stop)
     gen.stop = tuple(stop)
     if chat:
         if body.get("logprobs"):
-            gen.logprobs = _int(body, "top_logprobs", 0, 0, 20)
+            gen.logprobs = _int(body, "top_logprobs", 0, 0, _MAX_LOGPROBS)
     else:
-        gen.logprobs = _int(body, "logprobs", None, 0, 20)
-    gen.prompt_logprobs = _int(body, "prompt_logprobs", None, 0, 20)
+        gen.logprobs = _int(body, "logprobs", None, 0, _MAX_LOGPROBS)
+    gen.prompt_logprobs = _int(body, "prompt_logprobs", None, 0, _MAX_LOGPROBS)
     gen.return_token_ids = bool(body.get("return_token_ids", False))
     gen.stream = bool(body.get("stream", False))
     options = body.get("stream_options")
     gen.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    gen.prompts = [_messages(body)] if chat else _prompts(body.get("prompt"))
+    for ids in gen.prompts:
+        _check_prompt(ids, max_model_len)
+    if max_model_len is not None:
+        gen.max_tokens = min(gen.max_tokens, max_model_len - max(map(len, gen.prompts)))
     return gen
 
 
-def _completion_logprobs(s: Sample, k: int, start: int = 0, offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(s: Sample, k: int, start: int = 0, offset: int = 0) -> dict[str, Any]:
+    """A completion choice's ``logprobs`` object for tokens ``start:`` of ``s``, top-``k``.
+
+    ``text_offset`` counts from ``offset``; ``top_logprobs`` maps token texts to logprobs.
+    """
     texts = [f" t{t}" for t in s.tokens[start:]]
     offsets = []
     for t in texts:
         offsets.append(offset)
         offset += len(t)
     return {
-        "tokens": texts,
+        "text_offset": offsets,
         "token_logprobs": s.logprobs[start:],
+        "tokens": texts,
         "top_logprobs": [
             expected_top_logprobs(t, lp, k)
             for t, lp in zip(s.tokens[start:], s.logprobs[start:], strict=True)
         ],
-        "text_offset": offsets,
     }
 
 
-def _chat_logprobs(tokens: Sequence[int], logprobs: Sequence[float], k: int) -> dict[str, Any]:
+def chat_logprobs(tokens: Sequence[int], logprobs: Sequence[float], k: int) -> dict[str, Any]:
+    """A chat choice's ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
     content = []
     for t, lp in zip(tokens, logprobs, strict=True):
         text = f" t{t}"
@@ -210,54 +261,68 @@ def _chat_logprobs(tokens: Sequence[int], logprobs: Sequence[float], k: int) -> 
     return {"content": content}
 
 
-def _usage(gen: Generation, samples: list[Sample]) -> dict[str, Any]:
+def usage(gen: Generation, samples: list[Sample], details: bool = True) -> dict[str, Any]:
+    """The ``usage`` object; ``details=False`` for a stream's usage chunk (vLLM sends no details there).
+
+    ``prompt_tokens_details`` is null as vLLM without ``--enable-prompt-tokens-details``,
+    except with a nonzero prefix-cache hit (``gen.cached_tokens``).
+    """
     prompt = sum(len(p) for p in gen.prompts)  # once per prompt, not per choice (as vLLM)
     completion = sum(len(s.tokens) for s in samples)
-    usage: dict[str, Any] = {
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
-        "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "completion_tokens": completion,
     }
+    if details:
+        out["prompt_tokens_details"] = None
+        out["completion_tokens_details"] = None
     if gen.cached_tokens:
         # vLLM with --enable-prompt-tokens-details sets this only for a nonzero
         # count (vllm/entrypoints/openai/serving_completion.py, serving_chat.py).
-        usage["prompt_tokens_details"] = {"cached_tokens": gen.cached_tokens}
-    return usage
+        out["prompt_tokens_details"] = {"cached_tokens": gen.cached_tokens}
+    return out
+
+
+def _message(text: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": text,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": None,
+    }
 
 
 def complete_body(gen: Generation, samples: list[Sample], rid: str, created: int) -> bytes:
-    """The non-streaming response body (``text_completion`` or ``chat.completion``)."""
+    """The non-streaming response body (``text_completion`` or ``chat.completion``).
+
+    Every field vLLM 0.32 sends is present (null when unused), in vLLM's order.
+    """
     prompt_lps = (
         [expected_prompt_logprobs(gen.model, p, gen.prompt_logprobs) for p in gen.prompts]
         if gen.prompt_logprobs is not None
         else None
     )
+    ids = gen.return_token_ids
     choices: list[dict[str, Any]] = []
     for index, s in enumerate(samples):
         p = index // gen.n
         if gen.chat:
-            choice: dict[str, Any] = {
-                "index": index,
-                "message": {"role": "assistant", "content": s.text},
-                "logprobs": None
-                if gen.logprobs is None
-                else _chat_logprobs(s.tokens, s.logprobs, gen.logprobs),
-                "finish_reason": s.finish_reason,
-                "stop_reason": s.stop_reason,
-            }
+            lps = None if gen.logprobs is None else chat_logprobs(s.tokens, s.logprobs, gen.logprobs)
+            choice: dict[str, Any] = {"index": index, "message": _message(s.text), "logprobs": lps}
         else:
-            choice = {
-                "index": index,
-                "text": s.text,
-                "logprobs": None if gen.logprobs is None else _completion_logprobs(s, gen.logprobs),
-                "finish_reason": s.finish_reason,
-                "stop_reason": s.stop_reason,
-                "prompt_logprobs": None if prompt_lps is None else prompt_lps[p],
-            }
-            if gen.return_token_ids:
-                choice["prompt_token_ids"] = gen.prompts[p]
-        if gen.return_token_ids:
-            choice["token_ids"] = s.tokens
+            lps = None if gen.logprobs is None else completion_logprobs(s, gen.logprobs)
+            choice = {"index": index, "text": s.text, "logprobs": lps}
+        choice["finish_reason"] = s.finish_reason
+        choice["stop_reason"] = s.stop_reason
+        choice["token_ids"] = s.tokens if ids else None
+        if not gen.chat:
+            choice["prompt_logprobs"] = None if prompt_lps is None else prompt_lps[p]
+            choice["prompt_token_ids"] = gen.prompts[p] if ids else None
+        choice["routed_experts"] = None
         choices.append(choice)
     out: dict[str, Any] = {
         "id": rid,
@@ -265,90 +330,13 @@ def complete_body(gen: Generation, samples: list[Sample], rid: str, created: int
         "created": created,
         "model": gen.model,
         "choices": choices,
-        "usage": _usage(gen, samples),
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": usage(gen, samples),
     }
     if gen.chat:
         out["prompt_logprobs"] = None if prompt_lps is None else prompt_lps[0]
-        if gen.return_token_ids:
-            out["prompt_token_ids"] = gen.prompts[0]
+        out["prompt_token_ids"] = gen.prompts[0] if ids else None
+        out["prompt_text"] = None
+    out["kv_transfer_params"] = out["ec_transfer_params"] = out["metrics"] = None
     return orjson.dumps(out)
-
-
-def _event(obj: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def stream_steps(gen: Generation, samples: list[Sample], rid: str, created: int) -> Iterator[bytes]:
-    """The SSE body, one ``bytes`` per decode step (every choice's chunk for that token).
-
-    The first step also carries the chat role deltas (and, with
-    ``return_token_ids``, ``prompt_token_ids``); the last one ends with the
-    usage chunk (``stream_options.include_usage``) and ``data: [DONE]``.
-    A choice's last chunk carries its ``finish_reason``.
-    """
-    head = {
-        "id": rid,
-        "object": "chat.completion.chunk" if gen.chat else "text_completion",
-        "created": created,
-        "model": gen.model,
-    }
-    steps = max((len(s.tokens) for s in samples), default=0)
-    prelude = b""
-    if gen.chat:
-        for index in range(len(samples)):
-            delta = {
-                "index": index,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            extra = (
-                {"prompt_token_ids": gen.prompts[0]} if gen.return_token_ids and index == 0 else {}
-            )
-            prelude += _event({**head, "choices": [delta], **extra})
-    offsets = [0] * len(samples)  # text already sent, per choice
-    rendered = [0] * len(samples)  # rendered length of the tokens sent, per choice
-    for step in range(max(steps, 1)):
-        out = [prelude] if step == 0 else []
-        for index, s in enumerate(samples):
-            if step >= len(s.tokens) and not (step == 0 and not s.tokens):
-                continue
-            last = step >= len(s.tokens) - 1
-            tok = s.tokens[step : step + 1]
-            rendered[index] += sum(len(f" t{t}") for t in tok)
-            # Always a prefix of the final text: a stop token or stop string is
-            # never sent (vLLM holds back text that may become a stop string).
-            text = s.text[offsets[index] : rendered[index]]
-            choice: dict[str, Any] = {"index": index}
-            if gen.chat:
-                choice["delta"] = {"content": text}
-                choice["logprobs"] = (
-                    None
-                    if gen.logprobs is None
-                    else _chat_logprobs(tok, s.logprobs[step : step + 1], gen.logprobs)
-                )
-            else:
-                choice["text"] = text
-                choice["logprobs"] = (
-                    None
-                    if gen.logprobs is None
-                    else _completion_logprobs(
-                        Sample(tok, s.logprobs[step : step + 1], "", None, ""),
-                        gen.logprobs,
-                        0,
-                        offsets[index],
-                    )
-                )
-            offsets[index] += len(text)
-            choice["finish_reason"] = s.finish_reason if last else None
-            choice["stop_reason"] = s.stop_reason if last else None
-            if gen.return_token_ids:
-                choice["token_ids"] = tok
-                if step == 0 and not gen.chat:
-                    choice["prompt_token_ids"] = gen.prompts[index // gen.n]
-            out.append(_event({**head, "choices": [choice]}))
-        if step == max(steps, 1) - 1:
-            if gen.include_usage:
-                out.append(_event({**head, "choices": [], "usage": _usage(gen, samples)}))
-            out.append(b"data: [DONE]\n\n")
-        yield b"".join(out)

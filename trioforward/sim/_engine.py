@@ -33,7 +33,7 @@ import trio
 
 from trioforward._listener import BurstListener
 from trioforward.sim._adapters import NOT_FOUND_DETAIL, Adapters
-from trioforward.sim._api import ApiError, Generation, complete_body, parse_generation, stream_steps
+from trioforward.sim._api import ApiError, Generation, complete_body, parse_generation
 from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
 from trioforward.sim._http import Exchange, reset_stream, serve_connection
 from trioforward.sim._prefix_cache import (
@@ -43,13 +43,14 @@ from trioforward.sim._prefix_cache import (
     prefill_tokens,
 )
 from trioforward.sim._stats import EngineStats
+from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
 
 __all__ = ["SimEngine"]
 
 log = logging.getLogger("trioforward.sim")
 
 _JSON = b"application/json"
-_SSE = b"text/event-stream"
+_SSE = STREAM_CONTENT_TYPE
 
 
 class SimEngine:
@@ -81,6 +82,7 @@ class SimEngine:
         unknown_model_status: int = 404,
         missing_paths: Collection[str] = (),
         adapter_load_seconds: float = 0.0,
+        max_model_len: int | None = None,
         backlog: int = 4096,
         prefix_cache_tokens: int = 0,
         block_size: int = DEFAULT_BLOCK_SIZE,
@@ -97,6 +99,7 @@ class SimEngine:
         self.decode_ms_per_token = decode_ms_per_token
         self.keep_alive = math.inf if keep_alive is None else keep_alive
         self.backlog = backlog
+        self.max_model_len = max_model_len
         self.stats = EngineStats()
         self.prefix_cache = (
             PrefixCache(prefix_cache_tokens, block_size) if prefix_cache_tokens > 0 else None
@@ -115,6 +118,7 @@ class SimEngine:
             runtime_lora=runtime_lora,
             missing_status=unknown_model_status,
             load_seconds=adapter_load_seconds,
+            max_model_len=max_model_len,
         )
         self._limiter = trio.CapacityLimiter(capacity if capacity > 0 else math.inf)
         self._ids = itertools.count(1)
@@ -281,7 +285,7 @@ class SimEngine:
                 return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')
             return await self._generation(ex, path == "/v1/chat/completions", body)
         if path == "/health":
-            return await ex.respond(self.faults.health_status, _JSON, b"")
+            return await ex.respond(self.faults.health_status, b"", b"")  # vLLM: no content type
         if path == "/v1/models":
             return await ex.respond(200, _JSON, self.adapters.models_body(int(time.time())))
         if path == "/v1/load_lora_adapter" and method == b"POST":
@@ -338,11 +342,11 @@ class SimEngine:
     async def _generation(self, ex: Exchange, chat: bool, body: bytes) -> None:
         stats = self.stats
         try:
-            gen = parse_generation(chat, body, self.adapters.base[0])
+            gen = parse_generation(chat, body, self.adapters.base[0], self.max_model_len)
         except ApiError as exc:
             return await ex.respond(exc.status, _JSON, exc.body())
         stats.by_model[gen.model] += 1
-        if not self.adapters.serves(gen.model):
+        if not self.adapters.serves(gen.model) and not self.adapters.resolve_now(gen.model):
             return await ex.respond(*self.adapters.unknown(gen.model, self._nursery.start_soon))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.port}-{next(self._ids)}"
         created = int(time.time())

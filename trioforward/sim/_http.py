@@ -145,8 +145,10 @@ class Exchange:
         body: bytes,
         extra: list[tuple[bytes, bytes]] = _EMPTY_HEADERS,
     ) -> None:
-        """Send a complete answer (``Content-Length`` framing)."""
-        headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *extra]
+        """Send a complete answer (``Content-Length`` framing; ``content_type`` b"" = none)."""
+        headers = [(b"content-length", b"%d" % len(body)), *extra]
+        if content_type:
+            headers.insert(0, (b"content-type", content_type))
         head = self._head(status, headers)
         data = self.conn.send(h11.Data(data=body)) or b"" if body else b""
         tail = self.conn.send(h11.EndOfMessage()) or b""

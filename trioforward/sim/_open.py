@@ -30,6 +30,7 @@ class EngineOptions(TypedDict, total=False):
     unknown_model_status: int
     missing_paths: Collection[str]
     adapter_load_seconds: float
+    max_model_len: int | None
     backlog: int
     prefix_cache_tokens: int
     block_size: int
@@ -47,7 +48,8 @@ async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngi
       (name → path; lazy mode loads them by itself); ``lora_modules``: adapters
       loaded at start (name → path).
     - ``lazy_adapters``: seconds after its first request an unloaded, findable
-      adapter loads by itself (None = no lazy loading).
+      adapter loads by itself (None = no lazy loading; 0 = the first request
+      loads it and is answered, as vLLM's filesystem resolver).
     - ``keep_alive``: idle keep-alive timeout (s; None = never). ``runtime_lora``: False = the
       load/unload endpoints answer 404 ``{"detail": "Not Found"}``.
     - ``unknown_model_status``: 404 (default) or 400 for an unknown model/adapter.
@@ -55,6 +57,8 @@ async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngi
     - ``adapter_load_seconds``: time a load request takes.
     - ``prefix_cache_tokens``: capacity of the prefix cache in tokens (0 = no cache);
       ``block_size``: its block size in tokens (default 16, as vLLM).
+    - ``max_model_len``: the model length in tokens (None = unlimited): a longer
+      prompt is refused with vLLM's 400, prompt + ``max_tokens`` beyond it is cut.
 
     On exit every connection is closed and background work is cancelled.
     Raises ``OSError`` if the port cannot be bound.
