@@ -139,3 +139,25 @@ async def test_mid_stream_failure_ends_with_error_event_not_done(fd_baseline: in
     assert error["phase"] == "read_body"
     assert error["attempts"] == 1
     assert generation_requests(engine) == 1  # never retried
+
+
+async def test_the_front_answers_openai_and_tinker_routes_alike(engine: Any, gateway: Gateway) -> None:
+    # One ASGI front: the same 405, 400 and 413 answers (OpenAI-style JSON with
+    # "param") on both APIs' hot routes.
+    routes = ("/v1/completions", "/api/v1/asample", "/api/v1/retrieve_future")
+    limit = gateway.app.config["TRIOFORWARD_SETTINGS"].max_body_size
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        for path in routes:
+            wrong = await client.get(path)
+            assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+            assert wrong.json()["error"]["code"] == "method_not_allowed"
+            bad = await client.post(path, content=b"[1]")
+            assert bad.status_code == 400
+            assert set(bad.json()["error"]) == {"message", "type", "code", "param"}
+            big = await client.post(path, content=b" " * (limit + 1))
+            assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+        unknown = await client.post("/api/v1/retrieve_future", json={"request_id": "nope"})
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+        not_a_string = await client.post("/api/v1/retrieve_future", json={"request_id": 3})
+        assert not_a_string.status_code == 400
+        assert not_a_string.json()["error"]["param"] == "request_id"

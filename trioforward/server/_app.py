@@ -7,9 +7,12 @@ opens the dispatch client and a server-lifetime nursery, publishes them as a
 ``shutdown_grace`` passed) it cancels the background nursery and closes the
 client. Both are therefore ``async with`` blocks, never closed by hand.
 
-The OpenAI data plane is an ASGI layer in front of Quart (``_forward.py``); the
-other routes are Quart views (``_routes.py``), the Tinker routes come from
-``trioforward.server.tinker.install(app)``.
+The app is the Quart app wrapped once, by the ASGI front (``_asgi.py``), which
+answers the hot routes — OpenAI's (``_forward.py``) and Tinker's ``asample`` and
+``retrieve_future`` (``tinker/_fastpath.py``) — before Quart sees them. The other
+routes are Quart views: ``_routes.py`` and the Tinker blueprint
+(``trioforward.server.tinker.install(app)``). :func:`create_app` is the one
+place the wrapping is done.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward import Settings
+from trioforward.server._asgi import Front
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
-from trioforward.server._forward import OpenAIForwarder
+from trioforward.server._forward import ROUTES as OPENAI_ROUTES
 from trioforward.server._metrics import Metrics
 from trioforward.server._state import STATE_KEY, GatewayState
 
@@ -68,7 +72,9 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
 
     tinker.install(app)
 
-    app.asgi_app = OpenAIForwarder(app, app.asgi_app)  # type: ignore[method-assign,assignment]
+    # The one ASGI wrapper: the hot routes are answered here, everything else by Quart.
+    front = Front(app, app.asgi_app, {**OPENAI_ROUTES, **tinker.FRONT_ROUTES})
+    app.asgi_app = front  # type: ignore[method-assign,assignment]
     return app
 
 

@@ -130,13 +130,16 @@ class ScriptedClient:
 
 @contextlib.asynccontextmanager
 async def scripted_gateway(**knobs: Any) -> AsyncIterator[tuple[str, ScriptedClient, GatewayState]]:
-    """A minimal Quart-Trio app with only the Tinker routes and a :class:`ScriptedClient`."""
-    from trioforward.server.tinker import install
+    """A minimal Quart-Trio app with only the Tinker routes (the Quart views and the
+    ASGI front's, wrapped as ``create_app`` does) and a :class:`ScriptedClient`."""
+    from trioforward.server._asgi import Front
+    from trioforward.server.tinker import FRONT_ROUTES, install
 
     settings = Settings(**knobs)
     client = ScriptedClient(settings)
     app = QuartTrio("tinker-test")
     install(app)
+    app.asgi_app = Front(app, app.asgi_app, FRONT_ROUTES)  # type: ignore[method-assign,assignment]
     async with trio.open_nursery() as background:
         state = GatewayState(settings=settings, client=client, nursery=background)  # type: ignore[arg-type]
         app.extensions[STATE_KEY] = state

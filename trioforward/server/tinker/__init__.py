@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from trioforward.server.tinker._fastpath import ROUTES as FRONT_ROUTES
 from trioforward.server.tinker._futures import FutureStatistics, FutureStore
 from trioforward.server.tinker._state import TinkerState, tinker_state
 from trioforward.server.tinker._wire import encode_error, encode_sample_response
 
 __all__ = [
     "install",
+    "FRONT_ROUTES",
     "FutureStore",
     "FutureStatistics",
     "TinkerState",
@@ -27,13 +29,10 @@ __all__ = [
 
 
 def install(app: Any) -> None:
-    """Register the ``/api/v1`` Tinker routes on ``app`` (a ``QuartTrio``), wrapping its
-    ``asgi_app`` with the fast path of the two hot calls (call before other ASGI wrappers
-    that must see every request first)."""
-    from trioforward.server.tinker._fastpath import TinkerFastPath
+    """Register the ``/api/v1`` Tinker routes that are Quart views on ``app`` (a
+    ``QuartTrio``). ``asample`` and ``retrieve_future`` (two requests per sample)
+    are :data:`FRONT_ROUTES`, answered by the ASGI front that ``create_app`` puts
+    in front of Quart."""
     from trioforward.server.tinker._routes import blueprint
 
     app.register_blueprint(blueprint)
-    # asample and retrieve_future (two requests per sample) are answered in front
-    # of Quart; every other route is a Quart view.
-    app.asgi_app = TinkerFastPath(app, app.asgi_app)

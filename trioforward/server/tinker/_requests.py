@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from trioforward.server._errors import RequestError
+
 __all__ = [
     "BadRequest",
     "Sampler",
@@ -31,8 +33,11 @@ __all__ = [
 ]
 
 
-class BadRequest(ValueError):
-    """The SDK's request cannot be served (HTTP 400, terminal for the SDK)."""
+class BadRequest(RequestError):
+    """The SDK's request cannot be served: a 400 ``invalid_request`` (terminal for the SDK)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message, code="invalid_request")
 
 
 @dataclass(frozen=True, slots=True)

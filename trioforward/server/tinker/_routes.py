@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from quart import Blueprint, Response, request
 
-from trioforward.server.tinker import _handlers as handlers
-from trioforward.server.tinker._futures import Future
-from trioforward.server.tinker._requests import BadRequest, make_sampler
+from trioforward.server._errors import error_body
+from trioforward.server._validate import parse_body
+from trioforward.server.tinker._requests import make_sampler
 from trioforward.server.tinker._state import tinker_state
-from trioforward.server.tinker._wire import JSON, TRY_AGAIN
+from trioforward.server.tinker._wire import JSON
 
 __all__ = ["blueprint", "CLIENT_CONFIG", "DYNAMIC_CONFIG"]
 
@@ -64,24 +63,20 @@ def _json(body: bytes | dict[str, Any], status: int = 200) -> Response:
 
 
 def _error(status: int, message: str, code: str) -> Response:
-    status, data = handlers.error(status, message, code)
-    return _json(data, status)
+    return _json(error_body(message, code=code), status)
 
 
 async def _body() -> dict[str, Any]:
+    """The body as a JSON object (``{}`` when empty); raises ``RequestError`` (400),
+    answered by the app's error handler."""
     raw = await request.get_data(cache=False, as_text=False)
-    return handlers.parse_json(raw if isinstance(raw, bytes) else raw.encode())
+    return parse_body(raw if isinstance(raw, bytes) else raw.encode(), allow_empty=True)
 
 
 async def _drain() -> None:
     # Every body is read, even when unused: a request body left unread on a
     # keep-alive connection stalls the next request on it.
     await request.get_data(cache=False)
-
-
-@blueprint.errorhandler(BadRequest)
-async def _bad_request(err: BadRequest) -> Response:
-    return _error(400, str(err), "invalid_request")
 
 
 @blueprint.route("/client/config", methods=["POST"])
@@ -178,44 +173,8 @@ async def get_sampler(sampler_id: str) -> Response:
     )
 
 
-@blueprint.route("/asample", methods=["POST"])
-async def asample() -> Response:
-    # Normally answered by the ASGI fast path (_fastpath.py) before Quart sees it.
-    status, data = handlers.asample(tinker_state(), await _body())
-    return _json(data, status)
-
-
-@blueprint.route("/retrieve_future", methods=["POST"])
-async def retrieve_future() -> Response:
-    # Normally answered by the ASGI fast path (_fastpath.py) before Quart sees it.
-    state = tinker_state()
-    found = handlers.lookup(state, await _body())
-    if not isinstance(found, Future):
-        return _json(found[1], found[0])
-    future = await state.store.wait(found.request_id)
-    if future is None:
-        return _json(TRY_AGAIN, 408)
-    return _deliver(state.store, future)
-
-
 @blueprint.route("/cancel_future", methods=["POST"])
 async def cancel_future() -> Response:
     # Accepted and ignored: a sample, once admitted, runs to completion.
     await _drain()
     return _json({})
-
-
-def _deliver(store: Any, future: Future) -> Response:
-    """The stored bytes as-is; marked delivered once they were handed to a live connection."""
-    data = future.body
-
-    async def body() -> AsyncIterator[bytes]:
-        yield data
-        # Resumed only after the ASGI send of ``data`` returned; a client that went
-        # away before that cancels this response (quart-trio), and the result stays
-        # undelivered for the next poll.
-        store.mark_delivered(future)
-
-    response = Response(body(), status=200, content_type=future.content_type)
-    response.headers["Content-Length"] = str(len(data))
-    return response

@@ -1,0 +1,350 @@
+"""The ASGI front: the gateway's hot routes, answered in front of Quart.
+
+Nearly all traffic is two OpenAI calls (``POST /v1/completions``,
+``/v1/chat/completions``) and two Tinker calls (``asample``,
+``retrieve_future``), so these are served by one small ASGI callable,
+:class:`Front`, that wraps the Quart app once (``create_app``); every other
+route is a Quart view. The front owns the request plumbing those routes share,
+in this order:
+
+1. merge repeated slashes in the path (``http://gw/`` + ``/v1/...``, as nginx's
+   ``merge_slashes``); a path that is not a front route goes to Quart;
+2. not serving (before startup finished, after shutdown began): 503 ``not_ready``;
+3. the API key from the scope's headers (``_auth.check_auth``): 401;
+4. the method: 405 with ``Allow`` (RFC 9110 §15.5.6);
+5. the body, up to ``max_body_size`` (413; a client that hangs up while it
+   arrives gets nothing), parsed as a JSON object (400);
+6. the route's own translation (``Route.start``): a :class:`RequestError`
+   becomes its JSON answer; otherwise it returns the work to run;
+7. the work runs in one cancel scope that is cancelled when the client hangs
+   up: the forward's upstream connection is closed (the engine aborts) or a
+   held Tinker poll stops holding. Under our worker the cancel comes from the
+   connection's own task (:mod:`._appchannel`); under any other ASGI server a
+   watcher task awaiting ``http.disconnect`` runs beside the work.
+
+The route modules only translate wire formats: ``_forward.py`` (OpenAI) and
+``tinker/_fastpath.py`` (Tinker). No request/response objects, header maps or
+context locals: the body bytes go on as they came.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trioforward.server import _gc
+from trioforward.server._appchannel import DISCONNECT_EXTENSION, AppChannel
+from trioforward.server._auth import check_auth
+from trioforward.server._errors import RequestError, error_body
+from trioforward.server._state import STATE_KEY, GatewayState
+from trioforward.server._validate import parse_body
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+__all__ = [
+    "Front",
+    "Route",
+    "Call",
+    "Outcome",
+    "CLIENT_CLOSED",
+    "respond",
+    "Scope",
+    "Receive",
+    "Send",
+]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+# nginx's "client closed request": logged and counted when the client hung up.
+CLIENT_CLOSED = 499
+_NOT_READY = error_body("gateway is not serving", type="server_error", code="not_ready")
+_SLASHES = re.compile("/{2,}")
+_SLASHES_RAW = re.compile(b"/{2,}")
+
+access_log = logging.getLogger("trioforward.access")
+
+
+class Call:
+    """One request on a front route, as the route's ``start`` sees it.
+
+    ``headers``: the request headers, lower-case bytes names (the last value of
+    a repeated one); ``data``: the body as a JSON object; ``body``: its bytes.
+    """
+
+    __slots__ = ("state", "path", "headers", "data", "body", "send", "log")
+
+    def __init__(
+        self,
+        state: GatewayState,
+        path: str,
+        headers: dict[bytes, bytes],
+        data: dict[str, Any],
+        body: bytes,
+        send: Send,
+        log: Outcome,
+    ) -> None:
+        self.state = state
+        self.path = path
+        self.headers = headers
+        self.data = data
+        self.body = body
+        self.send = send
+        self.log = log
+
+    def header(self, name: bytes) -> str | None:
+        """A request header as text (latin-1), or ``None``."""
+        value = self.headers.get(name)
+        return None if value is None else value.decode("latin-1")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A route the front answers.
+
+    ``start(call)`` validates and translates the request (raising
+    :class:`RequestError` for a bad one, answered by the front) and returns the
+    work to run, which sends the response itself. ``empty_body``: an empty
+    body means ``{}`` (Tinker) instead of a 400 (OpenAI). ``access_log``: the
+    request gets an access-log line and is counted in the route metrics.
+    """
+
+    start: Callable[[Call], Awaitable[None]]
+    empty_body: bool = False
+    access_log: bool = False
+
+
+class Front:
+    """ASGI callable: serves ``routes`` (path -> :class:`Route`, all ``POST``) and
+    passes every other scope to ``inner`` (the Quart app)."""
+
+    def __init__(
+        self, app: QuartTrio, inner: Callable[..., Awaitable[None]], routes: Mapping[str, Route]
+    ) -> None:
+        self.app = app
+        self.inner = inner
+        self.routes = dict(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if "//" in path:
+            scope["path"] = path = _SLASHES.sub("/", path)
+            scope["raw_path"] = _SLASHES_RAW.sub(b"/", scope.get("raw_path") or b"")
+        route = self.routes.get(path)
+        if route is None:
+            await self.inner(scope, receive, send)
+            return
+        # Served in this frame, not a helper coroutine's: every frame of the
+        # request task's await chain is touched each time the task resumes, and
+        # with thousands of requests in flight each touch is a cache miss.
+        state: GatewayState | None = self.app.extensions.get(STATE_KEY)
+        if state is None:
+            await respond(send, 503, _NOT_READY)
+            return
+        headers = {name: value for name, value in scope["headers"]}
+        log = Outcome(path, scope["method"])
+        guard = _gc.active  # pauses the collector during bursts (tune_gc installs it)
+        if guard is not None:
+            guard.enter()
+        try:
+            try:
+                # The key first, as on every other route: no 405 to an unknown caller.
+                check_auth(state.settings, path, lambda n: _text(headers.get(n.encode())))
+                if scope["method"] != "POST":
+                    raise RequestError(405, f"{path} accepts POST only", code="method_not_allowed")
+                body = await _read_body(receive, headers, state.settings.max_body_size)
+                data = parse_body(body, allow_empty=route.empty_body)
+                work = route.start(Call(state, path, headers, data, body, send, log))
+            except RequestError as err:
+                log.status = err.status
+                extra = ((b"allow", b"POST"),) if err.status == 405 else ()
+                await respond(send, err.status, err.body(), extra=extra)
+                return
+            except _Disconnected:
+                log.status = CLIENT_CLOSED
+                return
+            channel: AppChannel | None = scope["extensions"].get(DISCONNECT_EXTENSION)
+            if channel is None:  # another server than ours: a watcher task
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, log)
+                    await work
+                    nursery.cancel_scope.cancel()
+            else:
+                with trio.CancelScope() as cancel:
+                    channel.on_disconnect = _Hangup(cancel, log)
+                    if channel.disconnected:
+                        channel.on_disconnect()
+                    try:
+                        await work
+                    finally:
+                        channel.on_disconnect = None
+        finally:
+            if guard is not None:
+                guard.exit()
+            if route.access_log:
+                log.finish(state)
+
+
+async def respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """A whole response: ``body`` with its type and length (one write, see _worker)."""
+    headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *extra]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _Disconnected(Exception):
+    """The client hung up while the request body was arriving."""
+
+
+async def _read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
+    """The whole request body. Raises :class:`RequestError` (413) past ``limit``
+    bytes (declared or received) and :class:`_Disconnected`."""
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _too_large(limit: int) -> RequestError:
+    return RequestError(413, f"request body larger than {limit} bytes", code="request_too_large")
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+class _Hangup:
+    """Called by :class:`AppChannel` when the client hangs up: cancels the work
+    unless its last response message is already being sent."""
+
+    __slots__ = ("cancel", "log")
+
+    def __init__(self, cancel: trio.CancelScope, log: Outcome) -> None:
+        self.cancel = cancel
+        self.log = log
+
+    def __call__(self) -> None:
+        if not self.log.complete:
+            self.log.status = CLIENT_CLOSED
+            self.cancel.cancel()
+
+
+async def _watch_disconnect(receive: Receive, cancel_scope: trio.CancelScope, log: Outcome) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            # Hypercorn also reports a disconnect once the response is complete.
+            if not log.complete:
+                log.status = CLIENT_CLOSED
+                cancel_scope.cancel()
+            return
+
+
+class Outcome:
+    """What one request's access-log line and metrics record (times in seconds).
+
+    ``complete`` is set by the route as it sends the last response message: a
+    hang-up after that no longer cancels the work.
+    """
+
+    __slots__ = (
+        "route",
+        "method",
+        "status",
+        "engine",
+        "attempts",
+        "queue_time",
+        "engine_time",
+        "error",
+        "complete",
+    )
+
+    def __init__(self, route: str, method: str = "POST") -> None:
+        self.route = route
+        self.method = method  # a GET answered 405 is logged as a GET
+        self.status = 500
+        self.engine: str | None = None
+        self.attempts = 0
+        self.queue_time = 0.0
+        self.engine_time: float | None = None
+        self.error: str | None = None
+        self.complete = False  # the last body message is being sent
+
+    def dispatching(self, engine: str, attempts: int, queue_time: float) -> None:
+        """An attempt starts (``Client.post``'s ``on_dispatch``)."""
+        self.engine, self.attempts, self.queue_time = engine, attempts, queue_time
+
+    def until(self, started: float) -> None:
+        """Times of a request whose dispatch did not report them (a client that
+        hung up; a stream, whose engine time runs until its end), from
+        ``started`` (handed to the dispatch core) to now: all queue time if it
+        never reached an engine, else engine time after its queue time."""
+        if self.engine_time is not None:
+            return
+        elapsed = trio.current_time() - started
+        if self.engine is None:
+            self.queue_time = elapsed
+            self.engine_time = 0.0
+        else:
+            self.engine_time = max(0.0, elapsed - self.queue_time)
+
+    def dispatched(
+        self, engine: str | None, attempts: int, queue_time: float, engine_time: float | None
+    ) -> None:
+        self.engine, self.attempts, self.queue_time, self.engine_time = (
+            engine,
+            attempts,
+            queue_time,
+            engine_time,
+        )
+
+    def finish(self, state: GatewayState) -> None:
+        dispatched = self.attempts > 0 or self.engine is not None
+        if state.metrics is not None:
+            state.metrics.observe(
+                self.route,
+                self.status,
+                queue_time=self.queue_time if dispatched else None,
+                engine_time=self.engine_time if dispatched else None,
+            )
+        if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s",
+                self.method,
+                self.route,
+                self.status,
+                self.engine or "-",
+                self.attempts,
+                self.queue_time,
+                self.engine_time or 0.0,
+                f" error={self.error}" if self.error else "",
+            )
