@@ -157,8 +157,8 @@ def classify(stack: list[str]) -> tuple[str, str]:
         path = frame[frame.rfind("(") + 1:]
         if "/trioforward/" in path or "/hypercorn/" in path:
             innermost = path
-            if "/server/_forward.py" in path:
-                under_send = frame.startswith(("_respond ", "_relay_stream "))
+            if "/server/_forward.py" in path or "/server/_asgi.py" in path:
+                under_send = frame.startswith(("respond ", "_relay_stream "))
     layer = "other"
     if innermost is None:  # trio's own code in a task, or a truncated sample
         layer = "scheduler" if any("/trio/" in f for f in stack) else "other"
@@ -168,7 +168,7 @@ def classify(stack: list[str]) -> tuple[str, str]:
         layer = "dispatch"
     elif "/server/_validate.py" in innermost or "/server/_auth.py" in innermost:
         layer = "validation/JSON"
-    elif any(f"/server/{m}.py" in innermost for m in ("_forward", "_metrics", "_gc")):
+    elif any(f"/server/{m}.py" in innermost for m in ("_forward", "_asgi", "_metrics", "_gc")):
         layer = "forwarder"
     elif "/hypercorn/" in innermost or any(
         m in innermost for m in ("/server/_worker.py", "/server/_appchannel.py", "/trioforward/_listener.py")
