@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from trioforward.dispatch._prefix import PrefixRouter, prefix_key, request_prefix_key
@@ -36,24 +37,33 @@ def _body(prompt: object, model: str = "m") -> dict[str, object]:
 
 
 def test_key_of_token_ids_text_and_chat() -> None:
-    ids = list(range(40))  # 2 full blocks of 16 ids
+    ids = list(range(10000, 10100))  # "10000,10001,..." : 600 bytes, 2 full blocks of 256
     key = prefix_key(_body(ids), 256)
     assert key is not None and len(key.chain) == 2
     assert prefix_key(_body(ids), 256) == key
+    assert prefix_key(_body(np.array(ids, dtype=np.int32)), 256) == key  # an array renders alike
     longer = prefix_key(_body([*ids, 7] * 2), 256)
     assert longer is not None and longer.chain[:2] == key.chain  # an extension shares the chain
-    assert longer.anchor != key.anchor  # ... not the anchor, as both are shorter than 256 tokens
+    assert longer.anchor != key.anchor  # ... not the anchor, as both are shorter than 256 ids
     assert prefix_key(_body([*ids, 7] * 2), 16).anchor == prefix_key(_body(ids), 16).anchor
     assert prefix_key(_body(ids, model="other"), 256) != key  # adapters do not share KV
-    text = prefix_key(_body("x" * 130), 256)
-    assert text is not None and len(text.chain) == 2  # 64 bytes a block
-    chat = {"model": "m", "messages": [{"role": "user", "content": "y" * 100}]}
+    text = prefix_key(_body("x" * 520), 256)
+    assert text is not None and len(text.chain) == 2
+    chat = {"model": "m", "messages": [{"role": "user", "content": "y" * 300}]}
     assert len(prefix_key(chat, 256).chain) == 1  # type: ignore[union-attr]
     assert prefix_key(_body([ids, ids]), 256) == key  # a batch routes by its first prompt
-    for bad in (None, [], "", [-1, 2], [1.5], {"x": 1}):
+    for bad in (None, [], "", {"x": 1}):
         assert prefix_key(_body(bad), 256) is None
     assert request_prefix_key(None, b'{"model":"m","prompt":[1,2,3]}', 256) is not None
     assert request_prefix_key({"model": "m"}, b"not json", 256) is None
+
+
+def test_a_prompt_is_not_mistaken_for_one_it_is_a_string_prefix_of() -> None:
+    # [.., 3] then [.., 34]: the rendering of the first is no prefix of the second's.
+    short = prefix_key(_body([1] * 127 + [3]), 256)
+    other = prefix_key(_body([1] * 127 + [34, 5]), 256)
+    assert short is not None and other is not None
+    assert short.chain[-1] not in other.chain
 
 
 def test_same_prefix_same_engine_and_prefixes_spread() -> None:
@@ -98,7 +108,7 @@ def test_the_first_choice_is_the_same_in_every_process() -> None:
 def test_a_continuation_follows_its_prompt() -> None:
     engines = _engines(4)
     router = PrefixRouter(1.25, table_size=100)
-    turn = list(range(1000, 1040))
+    turn = list(range(1000, 1060))
     owner = router.pick(engines, prefix_key(_body(turn), 256), None)  # type: ignore[arg-type]
     moved = 0
     for t in range(8):
@@ -109,7 +119,7 @@ def test_a_continuation_follows_its_prompt() -> None:
         fresh = PrefixRouter(1.25, table_size=0).pick(engines, key, None)
         moved += fresh is not owner  # without the table some turns would move
     assert moved > 0
-    assert len(router) == 9
+    assert 1 <= len(router) <= 9  # at most one entry per prompt
 
 
 def test_bound_holds_under_a_hot_prefix() -> None:
@@ -153,7 +163,7 @@ def test_removal_moves_only_that_engines_prefixes() -> None:
 def test_remembered_engine_that_left_is_replaced() -> None:
     engines = _engines(3)
     router = PrefixRouter(1.25, table_size=10)
-    key = prefix_key(_body(list(range(48))), 256)
+    key = prefix_key(_body(list(range(1000, 1100))), 256)
     assert key is not None
     owner = router.pick(engines, key, None)
     assert owner is not None
@@ -167,7 +177,7 @@ def test_remembered_engine_that_left_is_replaced() -> None:
 def test_avoid_is_only_a_last_resort() -> None:
     engines = _engines(2)
     router = PrefixRouter(1.25, table_size=10)
-    key = prefix_key(_body(list(range(48))), 256)
+    key = prefix_key(_body(list(range(1000, 1100))), 256)
     assert key is not None
     owner = router.pick(engines, key, None)
     assert owner is not None
@@ -182,7 +192,7 @@ def test_session_key_wins_over_the_prefix() -> None:
     engines = _engines(4)
     router = Router("prefix", prefix_table_size=0)
     session = Router("session")
-    key = prefix_key(_body(list(range(48))), 256)
+    key = prefix_key(_body(list(range(1000, 1100))), 256)
     for s in range(20):
         h = stable_hash(f"s{s}")
         assert router.pick(engines, session=h, prefix=key) is session.pick(engines, session=h)

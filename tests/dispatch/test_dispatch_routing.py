@@ -114,7 +114,7 @@ async def test_prefix_routing_keeps_groups_and_turns_on_one_engine(fd_baseline: 
         assert len(owners) == 1
         assert sum(e.stats.prompt_tokens_cached for e in engines) == 5 * 48  # 3 blocks reused 5x
         # A multi-turn session: each prompt extends the last by the answer and new tokens.
-        turn = list(range(2000, 2040))
+        turn = list(range(2000, 2060))  # 300 bytes rendered: one routing block
         where = set()
         for t in range(4):
             r = await client.post(

@@ -27,31 +27,36 @@ the same first choice for the same prompt, with no shared state. The table only
 adds affinity for continuations this process has seen; removing, pausing or
 ejecting an engine moves only the prompts that were on it (rendezvous order).
 
-Rendering (:func:`prefix_key`): token-id prompts as 4-byte little-endian ids,
-text prompts as UTF-8, chat messages as the JSON of each ``[role, content]``
-pair in order — all in blocks of ``BLOCK_BYTES`` (16 ids, or 64 bytes of text,
-about 16 tokens), the model name first (adapters do not share KV).
+Rendering (:func:`prefix_key`): a prompt becomes bytes that extend when the
+prompt extends — token ids as their JSON text, each followed by a comma
+(``1,2,3,``), text as UTF-8, chat messages as the JSON of each ``[role,
+content]`` pair in order — read in blocks of ``BLOCK_BYTES`` (about 45 ids or
+64 tokens of text), the model name first (adapters do not share KV). The
+anchor covers the first ``prefix_tokens`` ids, or ``4 * prefix_tokens`` bytes
+of text. Blocks are hashed with Python's ``hash`` (salted per process: it only
+keys the local table); the anchor with BLAKE2b (the same everywhere).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import orjson
 
 from trioforward.dispatch._routing import Routable, rendezvous_score
 
 __all__ = ["PrefixKey", "PrefixRouter", "prefix_key", "request_prefix_key", "BLOCK_BYTES"]
 
-#: One routing block: 16 token ids (4 bytes each), or 64 bytes of rendered text.
-BLOCK_BYTES = 64
-_ID_BYTES = 4
+#: One routing block of the rendered prompt, in bytes.
+BLOCK_BYTES = 256
+_TEXT_BYTES_PER_TOKEN = 4  # for the anchor of text and chat prompts
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 E = TypeVar("E", bound=Routable)
 
@@ -70,26 +75,31 @@ class PrefixKey:
     chain: tuple[int, ...]
 
 
-def _render(body: dict[str, Any]) -> tuple[bytes, int] | None:
-    """``(bytes, bytes per token)`` of the first prompt of a completion or chat body."""
+def _render(body: dict[str, Any], prefix_tokens: int) -> tuple[bytes, bytes] | None:
+    """``(rendering, anchor bytes)`` of the first prompt of a completion or chat body."""
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
         parts = []
         for m in messages:
             if not isinstance(m, dict):
                 return None
-            parts.append(orjson.dumps([m.get("role"), m.get("content")]))
-        return b"".join(parts), _ID_BYTES
+            parts.append(orjson.dumps([m.get("role"), m.get("content")], option=_NUMPY))
+        data = b"".join(parts)
+        return data, data[: prefix_tokens * _TEXT_BYTES_PER_TOKEN]
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str, np.ndarray)):
         prompt = prompt[0]  # a batch: its first prompt
     if isinstance(prompt, str):
-        return (prompt.encode(), _ID_BYTES) if prompt else None
-    if isinstance(prompt, list) and prompt:
+        data = prompt.encode()
+        return (data, data[: prefix_tokens * _TEXT_BYTES_PER_TOKEN]) if data else None
+    if isinstance(prompt, (list, np.ndarray)) and len(prompt):
         try:
-            return array("I", prompt).tobytes(), _ID_BYTES
-        except (TypeError, OverflowError):
-            return None  # not token ids: the engine will say so
+            # orjson writes ints one way only; a list and an int array render alike.
+            data = orjson.dumps(prompt, option=_NUMPY)[1:-1] + b","
+            head = orjson.dumps(prompt[:prefix_tokens], option=_NUMPY)
+        except orjson.JSONEncodeError:
+            return None
+        return data, head
     return None
 
 
@@ -97,19 +107,17 @@ def prefix_key(body: Any, prefix_tokens: int) -> PrefixKey | None:
     """The :class:`PrefixKey` of a ``/v1/completions`` or ``/v1/chat/completions``
     body (a parsed JSON object), or ``None`` when it has no prompt to route by.
 
-    Cost: O(prompt length) — one pass to render, one hash per block.
+    Cost: O(prompt length) — one rendering (orjson), one hash per block.
     """
     if not isinstance(body, dict):
         return None
-    rendered = _render(body)
+    rendered = _render(body, prefix_tokens)
     if rendered is None:
         return None
-    data, per_token = rendered
+    data, head = rendered
     model = body.get("model")
     seed = (model if isinstance(model, str) else "").encode() + b"\0"
-    anchor = int.from_bytes(
-        hashlib.blake2b(seed + data[: prefix_tokens * per_token], digest_size=8).digest(), "little"
-    )
+    anchor = int.from_bytes(hashlib.blake2b(seed + head, digest_size=8).digest(), "little")
     h = hash(seed)
     chain = []
     for start in range(0, len(data) - BLOCK_BYTES + 1, BLOCK_BYTES):
