@@ -85,8 +85,19 @@ async def _forward(
 async def _relay_stream(
     state: GatewayState, path: str, call: dict[str, Any], send: Send, log: Outcome
 ) -> None:
-    """A streamed forward, relayed chunk by chunk; ``call`` as for :func:`_forward`."""
+    """A streamed forward, relayed chunk by chunk; ``call`` as for :func:`_forward`.
+
+    Once the 200 head has gone out the body always ends well-formed, whatever
+    ends the stream (engine closed or broke it, deadline, ``read_timeout``, pause
+    ``mode="abort"``, engine removed): one SSE error event on an event boundary —
+    bytes of an unfinished event are held back and dropped, so a client never
+    parses a fragment — then the end of the chunked body. Never ``[DONE]`` after
+    a failure and never a second response start (docs/server.md, the OpenAI API's
+    streaming rules). The access log and metrics record what the client got: 200
+    plus the error code.
+    """
     started = trio.current_time()
+    head_sent = False
     try:
         async with state.client.stream(path, **call) as fs:
             log.dispatched(fs.engine, fs.attempts, fs.queue_time, None)
@@ -98,24 +109,42 @@ async def _relay_stream(
                 await respond(send, fs.status, content, _content_type(fs.headers))
                 return
             await send({"type": "http.response.start", "status": fs.status, "headers": _SSE})
-            last = b"\n\n"
-            try:
-                async for chunk in fs.aiter_bytes():
-                    if chunk:
-                        last = chunk
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except TrioforwardError as err:
-                # Mid-stream failure: an error event ends the stream, never a fake [DONE].
-                log.status, log.error = err.status, err.code
-                prefix = b"" if last.endswith(b"\n\n") else b"\n\n"
-                event = prefix + b"data: " + orjson.dumps(err.to_json()) + b"\n\n"
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+            head_sent = True
+            partial = b""  # an event not yet complete: sent only with its end
+            async for chunk in fs.aiter_bytes():
+                if partial:
+                    chunk = partial + chunk
+                end = _events_end(chunk)
+                partial = chunk[end:]
+                if end:
+                    await send(
+                        {"type": "http.response.body", "body": chunk[:end], "more_body": True}
+                    )
             log.complete = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # The engine ended its stream cleanly: whatever it sent last is its own.
+            await send({"type": "http.response.body", "body": partial, "more_body": False})
     except TrioforwardError as err:
-        await _send_dispatch_error(send, err, log)
+        if not head_sent:
+            await _send_dispatch_error(send, err, log)
+            return
+        # Here the stream context has exited: capacity and connection are released.
+        log.dispatched(err.engine, err.attempts, err.queue_time, err.engine_time)
+        log.error = err.code
+        log.complete = True
+        if state.metrics is not None:
+            state.metrics.stream_error(log.route, err.code)
+        event = b"data: " + orjson.dumps(err.to_json()) + b"\n\n"
+        await send({"type": "http.response.body", "body": event, "more_body": False})
     finally:
         log.until(started)
+
+
+def _events_end(data: bytes) -> int:
+    """Length of the complete SSE events at the start of ``data``: up to the last
+    blank line (``\\n\\n`` or ``\\r\\n\\r\\n``; WHATWG HTML §9.2.6, event stream parsing)."""
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 async def _send_dispatch_error(send: Send, err: TrioforwardError, log: Outcome) -> None:

@@ -60,6 +60,12 @@ class Metrics:
             buckets=_ENGINE_BUCKETS,
             registry=self.registry,
         )
+        self._stream_errors = Counter(
+            "trioforward_stream_errors",
+            "Streams that ended with an error event after a 200 head, by route and error code",
+            ["route", "code"],
+            registry=self.registry,
+        )
         # labels() takes a lock and builds a tuple each call: cache the children.
         self._children: dict[tuple[str, int], Any] = {}
         self.registry.register(_ClientCollector(client_getter))
@@ -82,6 +88,10 @@ class Metrics:
             self._queue_wait.observe(queue_time)
         if engine_time is not None and engine_time > 0:
             self._engine_time.observe(engine_time)
+
+    def stream_error(self, route: str, code: str) -> None:
+        """Count a stream ended by an error event (its request is counted as a 200)."""
+        self._stream_errors.labels(route, code).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition (content type :data:`CONTENT_TYPE_LATEST`)."""
