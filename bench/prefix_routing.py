@@ -15,9 +15,11 @@ workloads each, engine caches and counters reset between runs:
 - ``skewed``: one hot prefix (75 % of the requests, a unique tail each), the
   rest unique prompts, at a fixed concurrency.
 
-Each engine's running + queued count is sampled every 20 ms; its peak is
-compared with the load bound of ``routing = "prefix"`` (``prefix_load_factor``
-1.25 of the mean, at the workload's peak concurrency).
+``prefix:1.1`` is ``prefix`` with ``prefix_load_factor = 1.1`` (the default is
+1.25): the knob's trade between cache reuse and balance. Each engine's running
++ queued count is sampled every 20 ms; its peak is compared with the load bound
+of ``routing = "prefix"`` (``prefix_load_factor`` times the mean, at the
+workload's peak concurrency).
 
 Prompts are text (smg's HTTP router refuses token-id prompts: its
 ``CompletionRequest.prompt`` is a string or a list of strings). The simulated
@@ -50,8 +52,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 CLI = "from trioforward.cli import main; main()"
-POLICIES = ("least-outstanding", "round-robin", "session", "prefix", "smg-cache_aware")
+# "prefix:F" is routing = "prefix" with prefix_load_factor F (default 1.25).
+POLICIES = ("least-outstanding", "round-robin", "session", "prefix", "prefix:1.1", "smg-cache_aware")
 LOAD_FACTOR = 1.25
+
+
+def _load_factor(target: str) -> float:
+    return float(target.partition(":")[2] or LOAD_FACTOR) if target.startswith("prefix") else LOAD_FACTOR
 
 
 def _free_port() -> int:
@@ -244,7 +251,7 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
     peak = {"agentic": args.sessions, "grpo": args.groups * args.group_size}.get(
         name, args.concurrency
     )
-    bound = math.ceil(LOAD_FACTOR * peak / len(engines))
+    bound = math.ceil(_load_factor(target) * peak / len(engines))
     peak_load = max((max(loads) for loads in samples), default=0)
     return {
         "target": target,
@@ -278,7 +285,9 @@ def _start_target(target: str, engines: list[str]) -> tuple[subprocess.Popen[byt
         args = [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(port), "--policy",
                 "cache_aware", "--log-level", "warn", "--worker-urls", *engines]
     else:
-        args = [sys.executable, "-c", CLI, "serve", "--port", str(port), "--routing", target,
+        routing = target.partition(":")[0]
+        args = [sys.executable, "-c", CLI, "serve", "--port", str(port), "--routing", routing,
+                "--prefix-load-factor", str(_load_factor(target)),
                 "--no-access-log", "--log-level", "warning"]
         for engine in engines:
             args += ["--engine", engine]
