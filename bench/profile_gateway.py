@@ -160,8 +160,8 @@ def classify(stack: list[str]) -> tuple[str, str]:
             if "/server/_forward.py" in path or "/server/_asgi.py" in path:
                 under_send = frame.startswith(("respond ", "_relay_stream "))
     layer = "other"
-    if innermost is None:  # trio's own code in a task, or a truncated sample
-        layer = "scheduler" if any("/trio/" in f for f in stack) else "other"
+    if innermost is None:  # the run loop itself, trio's own code in a task, or a truncated sample
+        layer = "scheduler" if not stack or any("/trio/" in f for f in stack) else "other"
     elif "/trioforward/http/" in innermost:
         layer = "pool"
     elif "/trioforward/dispatch/" in innermost:

@@ -54,6 +54,8 @@ BENCHMARKS = (
           ("--sizes", "512,2048,8192", "--requests", "16384", "--max-seconds", "20")),
     Bench("gateway_burst", "Gateway bursts vs smg, sglang-router, a reference forwarder and direct",
           ("--sizes", "64,1024,8192", "--min-requests", "4096")),
+    Bench("profile_gateway", "Where trioforward's CPU per request goes, layer by layer",
+          ("--sizes", "64,8192")),
     Bench("dispatch_queueing", "32,768 requests with engine queueing", ()),
     Bench("futures_scale", "131,072 outstanding Tinker futures", ()),
     Bench("prefix_routing", "Prefix routing vs least-outstanding, round-robin, session and smg", ()),
