@@ -27,7 +27,10 @@ import json
 import time
 from typing import Any
 
-from _targets import Target, engine_stats, post_json
+try:  # bench/ on sys.path (`python bench/gateway_burst.py`, bench/run_all.py)
+    from _targets import Target, engine_stats, post_json
+except ImportError:  # `python -m bench.gateway_burst`
+    from bench._targets import Target, engine_stats, post_json  # type: ignore[no-redef]
 
 BASE = {"model": "sim-base", "max_tokens": 4, "temperature": 1.0}
 

@@ -345,11 +345,18 @@ def _plot(report: dict[str, Any], path: Path) -> None:
         axes[1].plot(sizes, [r["p99_ms"] for r in rows], "o-", label=name)
         if rows[0]["cpu_per_request_us"] is not None:
             axes[2].plot(sizes, [r["cpu_per_request_us"] for r in rows], "o-", label=name)
+        # Sizes where a target answered errors: its figures there are not those of forwarding.
+        failed = [r for r in rows if r["errors"] > r["requests"] // 100]
+        for ax, key in ((axes[0], "throughput_rps"), (axes[2], "cpu_per_request_us")):
+            points = [(r["size"], r[key]) for r in failed if r.get(key) is not None]
+            if points:
+                ax.scatter(*zip(*points, strict=True), s=140, facecolors="none", edgecolors="red", zorder=3)
     loadgen = sorted((r for r in report["results"] if r["target"] == "trioforward"), key=lambda r: r["size"])
     if loadgen and loadgen[0].get("loadgen_cpu_per_request_us") is not None:
         axes[2].plot([r["size"] for r in loadgen], [r["loadgen_cpu_per_request_us"] for r in loadgen],
                      "x--", color="gray", label="load generator (vs trioforward)")
-    titles = ("throughput (req/s)", "p99 latency (ms)", "CPU per request (µs, all threads)")
+    titles = ("throughput (req/s); red ring: > 1 % errors", "p99 latency (ms)",
+              "CPU per request (µs, all threads); red ring: > 1 % errors")
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests in the burst")
