@@ -1,4 +1,4 @@
-"""Keep-alive timeout of the gateway's Hypercorn worker (``_worker.KeepAliveTCPServer``):
+"""Keep-alive timeout of the gateway's Hypercorn worker (``_tcpserver.KeepAliveTCPServer``):
 idle connections close after ``keep_alive`` seconds, busy ones never, and all idle
 ones at once when shutdown starts."""
 

@@ -1,4 +1,4 @@
-"""Response writes of the gateway's Hypercorn worker (``_worker.KeepAliveTCPServer``):
+"""Response writes of the gateway's Hypercorn worker (``_tcpserver.KeepAliveTCPServer``):
 direct socket writes when the kernel takes everything, Hypercorn's path for the
 rest — bytes arrive whole and in order, and a client that hangs up is handled; a
 fixed-length response is one write, a streamed head is not held back."""
@@ -16,7 +16,7 @@ import trio.testing
 from asgi_harness import answer_lifespan, serve_asgi
 
 from trioforward._settings import Settings
-from trioforward.server import _worker
+from trioforward.server import _tcpserver
 
 CHUNK = 1 << 20  # 1 MiB per body message: far more than a socket buffer takes at once
 CHUNKS = 8
@@ -118,7 +118,7 @@ async def test_a_fixed_length_response_is_one_write(fd_baseline: int, monkeypatc
         await send({"type": "http.response.body", "body": b"hello", "more_body": False})
 
     counting = _CountingOS()
-    monkeypatch.setattr(_worker, "os", counting)
+    monkeypatch.setattr(_tcpserver, "os", counting)
     async with serve_asgi(_http_app(hello), Settings()) as (port, _):
         async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
             for _ in range(3):
@@ -127,6 +127,50 @@ async def test_a_fixed_length_response_is_one_write(fd_baseline: int, monkeypatc
                 data = await _read_response(stream, 5)
                 assert data.startswith(b"HTTP/1.1 200") and data.endswith(b"\r\n\r\nhello")
                 assert counting.writes == [data]
+
+
+async def test_fixed_length_is_read_from_the_app_message_not_the_bytes(
+    fd_baseline: int, monkeypatch: Any
+) -> None:
+    # The app names the header in mixed case; Hypercorn serializes it its own
+    # way. The decision to hold the head comes from the ASGI message.
+    async def hello(send: Any) -> None:
+        headers = [(b"Content-Length", b"5"), (b"content-type", b"text/plain")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"hello", "more_body": False})
+
+    counting = _CountingOS()
+    monkeypatch.setattr(_tcpserver, "os", counting)
+    async with serve_asgi(_http_app(hello), Settings()) as (port, _):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            data = await _read_response(stream, 5)
+            assert counting.writes == [data]
+
+
+async def test_a_write_after_the_whole_request_was_read_takes_no_scheduler_pass(
+    fd_baseline: int, monkeypatch: Any
+) -> None:
+    # KeepAliveTCPServer._request_read reads Hypercorn's own h11 connection: if
+    # that stops matching, every write pays a scheduler pass again.
+    passes: list[None] = []
+    real = _tcpserver._yield_to_reader
+
+    async def counting_pass() -> None:
+        passes.append(None)
+        await real()
+
+    async def hello(send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+        await send({"type": "http.response.body", "body": b"hello", "more_body": False})
+
+    monkeypatch.setattr(_tcpserver, "_yield_to_reader", counting_pass)
+    async with serve_asgi(_http_app(hello), Settings()) as (port, _):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            for _ in range(3):
+                await stream.send_all(b"POST / HTTP/1.1\r\nHost: t\r\ncontent-length: 2\r\n\r\nhi")
+                await _read_response(stream, 5)
+    assert passes == []
 
 
 async def test_a_streamed_head_is_written_before_its_body(fd_baseline: int) -> None:

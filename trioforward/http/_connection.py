@@ -16,7 +16,6 @@ import math
 import os
 import select
 from collections.abc import Awaitable, Callable
-from operator import itemgetter
 
 import h11
 import trio
@@ -24,7 +23,7 @@ import trio
 from trioforward.http._errors import Phase
 from trioforward.http._phases import Attempt
 
-__all__ = ["Connection", "RECEIVE_SIZE", "header_list"]
+__all__ = ["Connection", "RECEIVE_SIZE"]
 
 RECEIVE_SIZE = 65536  # bytes per read: a whole small response, or a big stream in few syscalls
 _ONE_WRITE = 65536  # headers and a body up to this size go out in one write
@@ -38,7 +37,6 @@ _wait_writable = trio.lowlevel.wait_writable
 _current_time = trio.current_time
 _EOM = h11.EndOfMessage()
 _NO_BODY_METHODS = frozenset({b"GET", b"HEAD", b"DELETE", b"OPTIONS", b"TRACE"})
-_NAME_VALUE = itemgetter(1, 2)
 _HOST = b"host"
 _CONTENT_LENGTH = b"content-length"
 
@@ -173,20 +171,6 @@ async def _wait_until(
         if silence < deadline:
             deadline, what = silence, "read_timeout"
     await _wait(_wait_readable, fd, deadline, attempt, what)
-
-
-def header_list(headers: h11._headers.Headers) -> list[tuple[bytes, bytes]]:
-    """h11 response headers as ``[(lower-case name, value), ...]``.
-
-    h11's ``Headers`` is a Sequence whose iteration goes through ``__getitem__``
-    once per header; its ``_full_items`` triples hold the same pairs and
-    ``map(itemgetter)`` copies them in C. Falls back to iteration if the private
-    layout ever changes.
-    """
-    try:
-        return list(map(_NAME_VALUE, headers._full_items))
-    except AttributeError:  # pragma: no cover - another h11 layout
-        return list(headers)
 
 
 async def _wait(

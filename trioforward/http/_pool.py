@@ -17,12 +17,9 @@ from contextlib import asynccontextmanager
 import h11
 import trio
 
-from trioforward.http._connection import (
-    _ONE_WRITE,
-    RECEIVE_SIZE,
-    header_list,
-)
+from trioforward.http._connection import _ONE_WRITE, RECEIVE_SIZE
 from trioforward.http._errors import Phase
+from trioforward.http._h11_hooks import header_list
 from trioforward.http._models import PoolStatistics, Response
 from trioforward.http._phases import Attempt, PhaseSink
 from trioforward.http._slots import OriginSlots

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 import h11
 import trio
 
-from trioforward.http._connection import Connection, header_list
+from trioforward.http._connection import Connection
 from trioforward.http._errors import Phase
+from trioforward.http._h11_hooks import header_list
 from trioforward.http._models import Target
 from trioforward.http._phases import Attempt, PhaseSink
 

@@ -1,4 +1,5 @@
-"""Request-to-app messages with a disconnect hook (used by our Hypercorn worker).
+"""Request-to-app messages with a disconnect hook, and the private hooks into Hypercorn
+0.18's trio ``TaskGroup`` that install it (used by our worker).
 
 Hypercorn hands an ASGI app its request messages through a trio memory channel
 per request (``TaskGroup.spawn_app``), and reports a client that hung up as an
@@ -6,7 +7,8 @@ per request (``TaskGroup.spawn_app``), and reports a client that hung up as an
 moment the client leaves — the gateway cancels the forward so the engine aborts
 the generation — then needs a task per request parked on ``receive()`` just to
 see that message (~30 µs per request: a task, its nursery, and a ``Cancelled``
-unwinding through it at the end).
+unwinding through it at the end; docs/performance.md, "Gateway bursts: reading
+the numbers", item 4).
 
 :class:`AppChannel` is that channel plus a hook: Hypercorn's side puts messages
 through :meth:`AppChannel.put`, which calls ``on_disconnect`` (when the app set
@@ -14,6 +16,13 @@ one) as the ``http.disconnect`` message is put, in the connection's own task. Th
 app finds the channel in ``scope["extensions"][DISCONNECT_EXTENSION]``; under any
 other server the key is absent and the app falls back to a watcher task.
 Backpressure is the memory channel's (``config.max_app_queue_size`` messages).
+
+What :class:`AppTaskGroup` relies on, checked by
+``tests/server/test_private_hooks.py`` (fails when the pinned Hypercorn changes
+it): ``hypercorn.trio.task_group.TaskGroup`` with its ``_nursery`` (set by
+``__aenter__``) and ``spawn_app(app, config, scope, send)`` returning the
+stream's ``put``; the module function ``_handle(app, config, scope, receive,
+send, sync_spawn, call_soon)`` that runs an app and logs its errors.
 """
 
 from __future__ import annotations
@@ -26,11 +35,12 @@ from hypercorn.config import Config
 from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.typing import AppWrapper
 
-__all__ = ["DISCONNECT_EXTENSION", "AppChannel", "AppTaskGroup"]
+__all__ = ["DISCONNECT_EXTENSION", "AppChannel", "AppTaskGroup", "Send"]
 
 DISCONNECT_EXTENSION = "trioforward.disconnect"
 
 Message = MutableMapping[str, Any]
+Send = Callable[[Any], Awaitable[None]]
 
 
 class AppChannel:
@@ -111,17 +121,22 @@ async def _run_app(
 
 
 class AppTaskGroup(TaskGroup):
-    """Hypercorn's trio ``TaskGroup`` whose apps receive through an :class:`AppChannel`."""
+    """Hypercorn's trio ``TaskGroup`` whose apps receive through an :class:`AppChannel`
+    and send through ``app_send(send)`` (the connection's wrapper of Hypercorn's send)."""
+
+    def __init__(self, app_send: Callable[[Send], Send]) -> None:
+        super().__init__()
+        self.app_send = app_send
 
     async def spawn_app(
         self,
         app: AppWrapper,
         config: Config,
         scope: Any,
-        send: Callable[[Any], Awaitable[None]],
+        send: Send,
     ) -> Callable[[Any], Awaitable[None]]:
         channel = AppChannel(config.max_app_queue_size)
         scope["extensions"][DISCONNECT_EXTENSION] = channel
         assert self._nursery is not None
-        self._nursery.start_soon(_run_app, channel, app, config, scope, send)
+        self._nursery.start_soon(_run_app, channel, app, config, scope, self.app_send(send))
         return channel.put

@@ -1,0 +1,106 @@
+"""Guards of the server's private hooks into Hypercorn 0.18 (``server/_tcpserver.py``,
+``server/_appchannel.py``).
+
+Each hook re-implements or calls Hypercorn code that is not its public API. These
+tests fail loudly when the installed Hypercorn differs from the one the hooks
+were written against, instead of the hooks silently costing an extra scheduler
+pass or a second write. When one fails after an upgrade: read the new Hypercorn
+code named in the failure, bring the hook module up to date (its docstring lists
+what it relies on), then record the new fingerprint here.
+
+The behaviour each hook buys is asserted by tests/server/test_worker_writes.py
+(one write per fixed-length response, no scheduler pass per write once the
+request is read), tests/server/test_keepalive.py (keep-alive as a read deadline)
+and tests/server/test_appchannel.py (the disconnect hook).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from importlib import metadata
+from typing import Any
+
+import h11
+import hypercorn.trio.task_group as task_group
+import hypercorn.trio.tcp_server as tcp_server
+import pytest
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import HTTPStream
+
+from trioforward.server import _appchannel, _tcpserver
+
+# sha256 (first 16 hex digits) of the source of each Hypercorn function the hooks
+# copy, override, call or depend on, as of Hypercorn 0.18.0.
+FINGERPRINTS = {
+    "TCPServer.__init__": (tcp_server.TCPServer.__init__, "4c1d42457bc197b2"),
+    "TCPServer.run": (tcp_server.TCPServer.run, "fd34b021d1a86c98"),
+    "TCPServer.protocol_send": (tcp_server.TCPServer.protocol_send, "225856426bff7be0"),
+    "TCPServer._read_data": (tcp_server.TCPServer._read_data, "7ca747d922c65cf1"),
+    "TCPServer._close": (tcp_server.TCPServer._close, "bc73c4ae25a1ceec"),
+    "TCPServer._idle_timeout": (tcp_server.TCPServer._idle_timeout, "210ce1014d98e1cb"),
+    "TCPServer._initiate_server_close": (
+        tcp_server.TCPServer._initiate_server_close,
+        "7c1b548a65adc8b1",
+    ),
+    "TrioSingleTask": (tcp_server.TrioSingleTask, "aa59316c028b876a"),
+    "ProtocolWrapper.__init__": (ProtocolWrapper.__init__, "df25e181b9e2e64d"),
+    "H11Protocol.__init__": (H11Protocol.__init__, "c7c989fd6a352626"),
+    "HTTPStream.app_send": (HTTPStream.app_send, "c806044b99736985"),
+    "TaskGroup.__init__": (task_group.TaskGroup.__init__, "ecd9faf5832ee0e8"),
+    "TaskGroup.__aenter__": (task_group.TaskGroup.__aenter__, "38047eb0284cdaa6"),
+    "TaskGroup.spawn_app": (task_group.TaskGroup.spawn_app, "b4c1131427529801"),
+    "task_group._handle": (task_group._handle, "06081a56a9930825"),
+}
+
+
+def _fingerprint(obj: Any) -> str:
+    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
+
+
+def test_hypercorn_is_the_pinned_minor_version() -> None:
+    assert metadata.version("hypercorn").startswith("0.18."), (
+        "the server's private hooks were written against Hypercorn 0.18 "
+        "(pyproject.toml pins it); see this module's docstring"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(FINGERPRINTS))
+def test_hypercorn_code_the_hooks_rely_on_is_unchanged(name: str) -> None:
+    obj, expected = FINGERPRINTS[name]
+    assert _fingerprint(obj) == expected, (
+        f"Hypercorn's {name} changed: check trioforward/server/_tcpserver.py and "
+        f"_appchannel.py against it, then update FINGERPRINTS"
+    )
+
+
+def test_tcp_server_attributes_the_hooks_use() -> None:
+    server = object.__new__(tcp_server.TCPServer)
+    tcp_server.TCPServer.__init__(server, None, None, None, None, None)  # type: ignore[arg-type]
+    for name in ("app", "config", "context", "send_lock", "idle_task", "stream", "state"):
+        assert hasattr(server, name), f"TCPServer no longer sets {name}"
+    for method in ("restart", "stop"):
+        assert callable(getattr(server.idle_task, method)), f"idle_task lost {method}()"
+    for name in ("_read_data", "_close", "_idle_timeout", "_initiate_server_close"):
+        assert callable(getattr(tcp_server.TCPServer, name)), f"TCPServer lost {name}"
+    # The subclass still overrides what it means to.
+    assert _tcpserver.KeepAliveTCPServer.run is not tcp_server.TCPServer.run
+    assert _tcpserver.KeepAliveTCPServer.protocol_send is not tcp_server.TCPServer.protocol_send
+
+
+def test_h11_protocol_exposes_its_h11_connection() -> None:
+    # KeepAliveTCPServer._request_read reads ``protocol.connection.their_state``.
+    source = inspect.getsource(H11Protocol.__init__)
+    assert "self.connection" in source and "h11.Connection(" in source
+    assert h11.DONE is not None and hasattr(h11.Connection, "their_state")
+
+
+def test_task_group_hooks() -> None:
+    group = task_group.TaskGroup()
+    assert hasattr(group, "_nursery"), "TaskGroup no longer keeps _nursery"
+    params = list(inspect.signature(task_group._handle).parameters)
+    assert params == ["app", "config", "scope", "receive", "send", "sync_spawn", "call_soon"]
+    params = list(inspect.signature(task_group.TaskGroup.spawn_app).parameters)
+    assert params == ["self", "app", "config", "scope", "send"]
+    assert issubclass(_appchannel.AppTaskGroup, task_group.TaskGroup)
