@@ -143,7 +143,7 @@ def test_bound_holds_under_a_hot_prefix() -> None:
     assert placed[first] >= 200 / 4
 
 
-def test_removal_moves_only_that_engines_prefixes() -> None:
+def test_removal_and_addition_move_only_that_engines_prefixes() -> None:
     engines = _engines(5)
     router = PrefixRouter(1.25, table_size=0)
     keys = [prefix_key(_body([i, i + 1] * 20), 256) for i in range(500)]
@@ -158,6 +158,12 @@ def test_removal_moves_only_that_engines_prefixes() -> None:
     assert [router.pick(engines, k, None) for k in keys] == after  # type: ignore[arg-type]
     gone.eligible = True
     assert [router.pick(engines, k, None) for k in keys] == before  # type: ignore[arg-type]
+    # An added engine takes prefixes only from the others, about 1/(n + 1) of them.
+    new = FakeEngine("http://10.0.0.9:8000")
+    grown = [router.pick([*engines, new], k, None) for k in keys]  # type: ignore[arg-type]
+    moved_to = [(b, a) for b, a in zip(before, grown, strict=True) if a is not b]
+    assert moved_to and all(a is new for _, a in moved_to)
+    assert 500 / 6 / 2 < len(moved_to) < 500 / 6 * 2
 
 
 def test_remembered_engine_that_left_is_replaced() -> None:
