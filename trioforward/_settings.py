@@ -15,7 +15,8 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import NoneType, UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 __all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES"]
 
@@ -155,11 +156,17 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class Knob:
-    """One knob, as the CLI, environment and docs see it."""
+    """One knob, as the CLI, environment and docs see it.
+
+    ``kind`` is the value's type (``int``, ``float``, ``bool``, ``str``, ``tuple``
+    of strings or ``dict`` of name to path); ``optional``: ``None`` (unset) is
+    allowed.
+    """
 
     name: str
     default: Any
-    type: str
+    kind: type
+    optional: bool
     help: str
     unit: str
     group: str
@@ -172,80 +179,122 @@ class Knob:
     def env(self) -> str:
         return ENV_PREFIX + self.name.upper()
 
+    @property
+    def type_name(self) -> str:
+        """The type in words, for the docs (``"int"``, ``"list of strings"`` ...)."""
+        return _TYPE_NAMES.get(self.kind, self.kind.__name__)
+
+
+_TYPE_NAMES: dict[type, str] = {tuple: "list of strings", dict: "table name = path"}
+_KINDS = (bool, int, float, str, tuple, dict)
+
+
+def _kind_of(name: str, hint: Any) -> tuple[type, bool]:
+    """``(kind, optional)`` of a field's annotation: ``int | None`` -> ``(int, True)``,
+    ``tuple[str, ...]`` -> ``(tuple, False)``. Raises ``TypeError`` for any other shape."""
+    optional = False
+    if get_origin(hint) in (Union, UnionType):
+        args = [a for a in get_args(hint) if a is not NoneType]
+        optional = len(args) < len(get_args(hint))
+        if len(args) != 1:
+            raise TypeError(f"setting {name!r}: unsupported annotation {hint!r}")
+        hint = args[0]
+    kind = get_origin(hint) or hint
+    if kind not in _KINDS:
+        raise TypeError(f"setting {name!r}: unsupported annotation {hint!r}")
+    if kind is tuple and get_args(hint) != (str, ...):
+        raise TypeError(f"setting {name!r}: only tuple[str, ...] is supported")
+    if kind is dict and get_args(hint) != (str, str):
+        raise TypeError(f"setting {name!r}: only dict[str, str] is supported")
+    return kind, optional
+
+
+# Read from the annotations (resolved, not their text) once, at import.
+_FIELD_KINDS: dict[str, tuple[type, bool]] = {
+    name: _kind_of(name, hint) for name, hint in get_type_hints(Settings).items()
+}
+
 
 def knobs() -> list[Knob]:
-    """Every knob with its default, type name, help text, unit and group."""
+    """Every knob with its default, type, help text, unit and group."""
     out = []
     for f in dataclasses.fields(Settings):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-        out.append(Knob(f.name, default, str(f.type), f.metadata["help"], f.metadata["unit"], f.metadata["group"]))
+        kind, optional = _FIELD_KINDS[f.name]
+        out.append(
+            Knob(f.name, default, kind, optional, f.metadata["help"], f.metadata["unit"], f.metadata["group"])
+        )
     return out
 
 
-_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Settings)}
+_UNSET_WORDS = ("", "none", "null", "inf", "unlimited")
 
 
 def coerce(name: str, value: Any) -> Any:
     """Turn a TOML value or an environment/CLI string into the knob's type."""
-    if name not in _FIELD_TYPES:
+    if name not in _FIELD_KINDS:
         raise SettingsError(name, value, "unknown setting")
-    kind = _FIELD_TYPES[name]
+    kind, optional = _FIELD_KINDS[name]
     try:
         if isinstance(value, str):
             text = value.strip()
-            if "None" in kind and text.lower() in ("", "none", "null", "inf", "unlimited"):
+            if optional and text.lower() in _UNSET_WORDS:
                 return None
-            if kind.startswith("tuple"):
+            if kind is tuple:
                 return tuple(p.strip() for p in text.split(",") if p.strip())
-            if kind.startswith("dict"):
+            if kind is dict:
                 pairs = (p.split("=", 1) for p in text.split(",") if p.strip())
                 return {k.strip(): v.strip() for k, v in pairs}
-            if kind.startswith("bool"):
+            if kind is bool:
                 if text.lower() in ("1", "true", "yes", "on"):
                     return True
                 if text.lower() in ("0", "false", "no", "off"):
                     return False
                 raise ValueError("expected true or false")
-            if kind.startswith("int"):
+            if kind is int:
                 return int(text)
-            if kind.startswith("float"):
+            if kind is float:
                 return float(text)
             return text
-        if kind.startswith("tuple") and isinstance(value, (list, tuple)):
+        if kind is tuple and isinstance(value, (list, tuple)):
             return tuple(value)
-        if kind.startswith("float") and isinstance(value, int) and not isinstance(value, bool):
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         return value
     except ValueError as exc:
-        raise SettingsError(name, value, f"cannot read as {kind}: {exc}") from None
+        raise SettingsError(name, value, f"cannot read as {_describe(kind, optional)}: {exc}") from None
+
+
+def _describe(kind: type, optional: bool) -> str:
+    return f"{_TYPE_NAMES.get(kind, kind.__name__)}{' or unset' if optional else ''}"
 
 
 def _validate(name: str, value: Any) -> None:
-    kind = _FIELD_TYPES[name]
+    kind, optional = _FIELD_KINDS[name]
     if value is None:
-        if "None" not in kind:
+        if not optional:
             raise SettingsError(name, value, "must be set")
         return
-    if kind.startswith("bool"):
+    if kind is bool:
         if not isinstance(value, bool):
             raise SettingsError(name, value, "must be true or false")
-    elif kind.startswith("int"):
+    elif kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise SettingsError(name, value, "must be an integer")
         if value < 0:
             raise SettingsError(name, value, "must be >= 0")
-    elif kind.startswith("float"):
+    elif kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise SettingsError(name, value, "must be a number")
         if value < 0:
             raise SettingsError(name, value, "must be >= 0")
-    elif kind.startswith("tuple"):
+    elif kind is tuple:
         if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
             raise SettingsError(name, value, "must be a list of strings")
-    elif kind.startswith("dict"):
+    elif kind is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise SettingsError(name, value, "must map names to paths")
-    elif kind.startswith("str") and not isinstance(value, str):
+    elif kind is str and not isinstance(value, str):
         raise SettingsError(name, value, "must be a string")
 
 

@@ -108,14 +108,6 @@ def _default(knob: Knob) -> str:
     return f"`{value}`"
 
 
-def _type(knob: Knob) -> str:
-    kind = knob.type.replace(" | None", "")
-    return {
-        "tuple[str, ...]": "list of strings",
-        "dict[str, str]": "table name = path",
-    }.get(kind, kind)
-
-
 def render() -> str:
     """The whole page as a string (deterministic: same code, same text)."""
     flags = _serve_flags()
@@ -141,7 +133,7 @@ def render() -> str:
             out.append(f"- TOML key: `{knob.name}`")
             out.append(f"- flag: {_flag_for(knob, flags)}")
             out.append(f"- environment: `{knob.env}`")
-            out.append(f"- type: {_type(knob)}{' or unset' if 'None' in knob.type else ''}")
+            out.append(f"- type: {knob.type_name}{' or unset' if knob.optional else ''}")
             out.append(f"- default: {_default(knob)}")
             out.append(f"- unit: {knob.unit or '-'}")
             out.append("")

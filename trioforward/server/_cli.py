@@ -28,7 +28,7 @@ def _describe(knob: Knob) -> str:
     if isinstance(default, (tuple, dict)) and not default:
         shown = "none"
     elif default is None:
-        shown = "unset" if "unset" in knob.help or "None" not in knob.type else "unlimited"
+        shown = "unset" if "unset" in knob.help or not knob.optional else "unlimited"
     else:
         shown = str(default)
     numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
@@ -39,15 +39,15 @@ def _describe(knob: Knob) -> str:
 def _knob_options(func: Any) -> Any:
     for knob in reversed(knobs()):
         name = knob.name
-        if knob.type.startswith("bool"):
+        if knob.kind is bool:
             flag = f"{knob.flag}/--no-{knob.flag[2:]}"
             option = click.option(flag, name, default=None, help=_describe(knob))
         else:
             metavar = (
                 knob.unit.upper().replace(" ", "_").replace("/", "_PER_") if knob.unit else "TEXT"
             )
-            if knob.type.startswith(("tuple", "dict")):
-                metavar = "A,B,..." if knob.type.startswith("tuple") else "NAME=PATH,..."
+            if knob.kind in (tuple, dict):
+                metavar = "A,B,..." if knob.kind is tuple else "NAME=PATH,..."
             option = click.option(
                 knob.flag, name, default=None, metavar=metavar, help=_describe(knob)
             )

@@ -1,0 +1,123 @@
+"""Settings read each knob's type from its annotation: one table over every knob
+type (kind x optional), from TOML values and from environment/CLI text."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from trioforward import Settings, SettingsError, knobs
+from trioforward._settings import coerce
+
+# (kind, optional) -> a knob of that type, text inputs and what they read as,
+# inputs that are refused, and a TOML (non-text) value with what it reads as.
+TABLE: dict[tuple[type, bool], dict[str, Any]] = {
+    (int, False): {
+        "knob": "engine_capacity",
+        "text": {"12": 12, " 7 ": 7, "0": 0},
+        "bad_text": ["", "none", "1.5", "x"],
+        "bad_value": [-1, 1.5, True, None],
+        "toml": (3, 3),
+    },
+    (int, True): {
+        "knob": "max_connections_per_engine",
+        "text": {"4": 4, "": None, "none": None, "unlimited": None},
+        "bad_text": ["x", "2.0"],
+        "bad_value": [-1, "4"],
+        "toml": (4, 4),
+    },
+    (float, False): {
+        "knob": "idle_expiry",
+        "text": {"2.5": 2.5, "3": 3.0},
+        "bad_text": ["", "none", "soon"],
+        "bad_value": [-0.1, float("nan"), None, False],
+        "toml": (2, 2.0),
+    },
+    (float, True): {
+        "knob": "queue_timeout",
+        "text": {"1.5": 1.5, "null": None, "inf": None, "": None},
+        "bad_text": ["later"],
+        "bad_value": [-1.0, "1"],
+        "toml": (5, 5.0),
+    },
+    (bool, False): {
+        "knob": "access_log",
+        "text": {"true": True, "YES": True, "1": True, "off": False, "0": False},
+        "bad_text": ["maybe", ""],
+        "bad_value": [1, None, "true"],
+        "toml": (False, False),
+    },
+    (str, False): {
+        "knob": "adapter_root",
+        "text": {" /a/b ": "/a/b"},
+        "bad_text": [],
+        "bad_value": [3, None],
+        "toml": ("/x", "/x"),
+    },
+    (str, True): {
+        "knob": "admin_token",
+        "text": {"s3cret": "s3cret", "none": None},
+        "bad_text": [],
+        "bad_value": [3],
+        "toml": ("t", "t"),
+    },
+    (tuple, False): {
+        "knob": "api_keys",
+        "text": {"a, b,,c": ("a", "b", "c"), "": ()},
+        "bad_text": [],
+        "bad_value": [("a", 1), "a", None],
+        "toml": (["a", "b"], ("a", "b")),
+    },
+    (dict, False): {
+        "knob": "adapters",
+        "text": {"x=/p/x, y = /p/y": {"x": "/p/x", "y": "/p/y"}, "": {}},
+        "bad_text": [],
+        "bad_value": [{"x": 1}, ["x"], None],
+        "toml": ({"x": "/p"}, {"x": "/p"}),
+    },
+}
+
+
+def test_the_table_covers_every_knob_type() -> None:
+    kinds = {(k.kind, k.optional) for k in knobs()}
+    assert kinds <= set(TABLE), f"add a row for {kinds - set(TABLE)}"
+    for (kind, optional), row in TABLE.items():
+        knob = next(k for k in knobs() if k.name == row["knob"])
+        assert (knob.kind, knob.optional) == (kind, optional)
+
+
+@pytest.mark.parametrize("key", list(TABLE), ids=lambda k: f"{k[0].__name__}{'?' if k[1] else ''}")
+def test_knob_type_reads_and_refuses(key: tuple[type, bool]) -> None:
+    row = TABLE[key]
+    name = row["knob"]
+    for text, expected in row["text"].items():
+        assert coerce(name, text) == expected, text
+        assert getattr(Settings.load(environ={f"TRIOFORWARD_{name.upper()}": text}), name) == expected
+    for text in row["bad_text"]:
+        with pytest.raises(SettingsError) as info:
+            Settings.load(environ={f"TRIOFORWARD_{name.upper()}": text})
+        assert info.value.knob == name
+    for value in row["bad_value"]:
+        with pytest.raises(SettingsError) as info:
+            Settings(**{name: value})
+        assert info.value.knob == name
+    toml, expected = row["toml"]
+    settings = Settings().replace(**{name: toml})
+    assert getattr(settings, name) == expected
+    assert type(getattr(settings, name)) is type(expected)
+
+
+def test_unknown_knob_is_refused_by_name() -> None:
+    with pytest.raises(SettingsError) as info:
+        coerce("no_such_knob", "1")
+    assert info.value.knob == "no_such_knob"
+
+
+def test_knobs_describe_every_field() -> None:
+    names = [k.name for k in knobs()]
+    assert names == [f.name for f in dataclasses.fields(Settings)]
+    by_name = {k.name: k for k in knobs()}
+    assert by_name["api_keys"].type_name == "list of strings"
+    assert by_name["queue_timeout"].type_name == "float" and by_name["queue_timeout"].optional
