@@ -54,6 +54,9 @@ class TrioforwardError(Exception):
         # (capacity acquired) to the failure.
         self.queue_time = 0.0
         self.engine_time = 0.0
+        # Seconds a client should wait before retrying (the ``Retry-After`` the
+        # gateway sends with its own 429/503), or None.
+        self.retry_after: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """The OpenAI-style error body of DESIGN §5."""

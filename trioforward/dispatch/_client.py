@@ -30,7 +30,7 @@ from trioforward.dispatch._request import (
 )
 from trioforward.dispatch._routing import stable_hash
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
-from trioforward.errors import EngineRejected
+from trioforward.errors import EngineRejected, TrioforwardError
 from trioforward.http import ConnectionPool, open_pool
 from trioforward.http._errors import Phase
 
@@ -264,6 +264,12 @@ class Client:
         completion.queue_time = response.queue_time
         completion.engine_time = response.engine_time
         return completion
+
+    def retry_after_hint(self, error: TrioforwardError) -> int | None:
+        """Seconds a client should wait before retrying after the gateway-made 429/503
+        ``error`` (``None`` for other errors): what ``Retry-After`` says
+        (docs/server.md, "Headers passed on"). Sets ``error.retry_after`` too."""
+        return self._dispatcher._hinted(error).retry_after
 
     # -- weight-update gating ---------------------------------------------------------
 

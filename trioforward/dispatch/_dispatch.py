@@ -34,6 +34,7 @@ from trioforward import Settings
 from trioforward.dispatch._adapters import AdapterLoader
 from trioforward.dispatch._budget import RetryBudget
 from trioforward.dispatch._engines import Engine, Registry
+from trioforward.dispatch._hint import retry_after_hint
 from trioforward.dispatch._outcome import Reply, gateway_error, retry_after
 from trioforward.dispatch._policy import (
     Action,
@@ -106,6 +107,21 @@ class Dispatcher:
         self.queued = 0
         self.retries: Counter[tuple[str, str]] = Counter()
         self.responses: Counter[tuple[str, int]] = Counter()
+        # Moving mean (s) of one dispatch's engine time: for Retry-After hints.
+        self.engine_time_avg = 0.0
+
+    def _hinted(self, error: TrioforwardError) -> TrioforwardError:
+        """``error`` with its ``retry_after`` set (the gateway's own 429/503)."""
+        s = self.settings
+        error.retry_after = retry_after_hint(
+            error,
+            self.registry,
+            outstanding=self.outstanding,
+            engine_time=self.engine_time_avg,
+            health_interval=s.health_interval,
+            health_successes=s.health_successes,
+        )
+        return error
 
     # -- QUEUED -------------------------------------------------------------------
 
@@ -222,7 +238,9 @@ class Dispatcher:
         (:meth:`Request.stamp`).
         """
         if self.max_queued and self.outstanding >= self.max_queued:
-            raise QueueFull(f"more than {self.max_queued} requests outstanding (max_queued)")
+            raise self._hinted(
+                QueueFull(f"more than {self.max_queued} requests outstanding (max_queued)")
+            )
         self.outstanding += 1
         try:
             self.requests_total += 1
@@ -263,13 +281,15 @@ class Dispatcher:
                             engine.call_finished()
                             t0 = trio.current_time()
                             req.engine_time += t0 - start
+                            self.engine_time_avg += 0.1 * (t0 - start - self.engine_time_avg)
                             req.dispatched_at = None
                         budget = max(0.0, deadline - t0)
                         avoid = engine
                 except TrioforwardError as exc:
                     req.stamp(exc)
+                    self._hinted(exc)
                     raise
-            raise req.stamp(req.aborted())
+            raise self._hinted(req.stamp(req.aborted()))
         finally:
             self.outstanding -= 1
 

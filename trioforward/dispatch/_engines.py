@@ -70,6 +70,7 @@ class Engine:
         "waiters",
         "_idle",
         "health_scope",
+        "paused_since",
     )
 
     def __init__(self, url: str, capacity: int) -> None:
@@ -81,6 +82,7 @@ class Engine:
         self.queued = 0
         self.healthy = True
         self.paused = False
+        self.paused_since: float | None = None  # trio time of the pause (Retry-After hints)
         self.removed = False
         self.eligible = True
         self.consecutive_failures = 0
@@ -219,6 +221,10 @@ class Registry:
         await self._changed.wait()
 
     def set_paused(self, engine: Engine, paused: bool) -> None:
+        if paused and not engine.paused:
+            engine.paused_since = trio.current_time()
+        elif not paused:
+            engine.paused_since = None
         engine.paused = paused
         self._refresh(engine)
 

@@ -66,6 +66,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 # nginx's "client closed request": logged and counted when the client hung up.
 CLIENT_CLOSED = 499
 _NOT_READY = error_body("gateway is not serving", type="server_error", code="not_ready")
+_RETRY_SOON = ((b"retry-after", b"1"),)  # startup takes about a second
 _SLASHES = re.compile("/{2,}")
 _SLASHES_RAW = re.compile(b"/{2,}")
 
@@ -149,7 +150,7 @@ class Front:
         # with thousands of requests in flight each touch is a cache miss.
         state: GatewayState | None = self.app.extensions.get(STATE_KEY)
         if state is None:
-            await respond(send, 503, _NOT_READY)
+            await respond(send, 503, _NOT_READY, extra=_RETRY_SOON)
             return
         headers = {name: value for name, value in scope["headers"]}
         log = Outcome(path, scope["method"])
@@ -167,7 +168,7 @@ class Front:
                 work = route.start(Call(state, path, headers, data, body, send, log))
             except RequestError as err:
                 log.status = err.status
-                extra = ((b"allow", b"POST"),) if err.status == 405 else ()
+                extra = ((b"allow", b"POST"),) if err.status == 405 else err.headers()
                 await respond(send, err.status, err.body(), extra=extra)
                 return
             except _Disconnected:

@@ -14,7 +14,26 @@ import orjson
 
 from trioforward.errors import TrioforwardError
 
-__all__ = ["RequestError", "error_body", "dispatch_error_body", "JSON_CONTENT_TYPE"]
+__all__ = [
+    "RequestError",
+    "error_body",
+    "dispatch_error_body",
+    "dispatch_error_headers",
+    "passed_on",
+    "PASSED_ON",
+    "JSON_CONTENT_TYPE",
+]
+
+# The engine's response headers that come with its status and body to the client
+# (docs/server.md, "Headers passed on"): end-to-end fields a client acts on.
+# Retry-After: when to retry a 429/503/3xx (RFC 9110 §10.2.3; the openai SDK's
+# backoff reads it). Content-Encoding: the body is passed on as is, so its
+# coding must be too (§8.4). X-Request-Id: the engine's id for the request
+# (vLLM's --enable-request-id-headers), for correlating logs. Never hop-by-hop
+# fields (§7.6.1), never Set-Cookie or authentication challenges: the engine's
+# client is the gateway, not the trainer. Content-Type goes separately.
+PASSED_ON = frozenset((b"retry-after", b"content-encoding", b"x-request-id"))
+_NONE: tuple[tuple[bytes, bytes], ...] = ()
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -31,8 +50,10 @@ class RequestError(Exception):
         type: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
+        self.retry_after = retry_after  # s: sent as Retry-After (a 429/503)
         self.status = status
         self.message = message
         self.type = type
@@ -42,6 +63,12 @@ class RequestError(Exception):
     def body(self) -> bytes:
         """The encoded JSON body."""
         return error_body(self.message, type=self.type, code=self.code, param=self.param)
+
+    def headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """Extra response headers: ``Retry-After`` when set."""
+        if self.retry_after is None:
+            return _NONE
+        return ((b"retry-after", b"%d" % self.retry_after),)
 
 
 def error_body(
@@ -59,6 +86,18 @@ def error_body(
 def dispatch_error_body(error: TrioforwardError) -> bytes:
     """DESIGN §5 body of a dispatch failure (with phase, attempts and engine)."""
     return orjson.dumps(error.to_json())
+
+
+def dispatch_error_headers(error: TrioforwardError) -> tuple[tuple[bytes, bytes], ...]:
+    """``Retry-After`` of a gateway-made 429/503 (computed by the dispatch core)."""
+    if error.retry_after is None:
+        return _NONE
+    return ((b"retry-after", b"%d" % error.retry_after),)
+
+
+def passed_on(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[bytes, bytes], ...]:
+    """The :data:`PASSED_ON` fields of an engine answer's ``headers`` (lower-case names)."""
+    return tuple([h for h in headers if h[0] in PASSED_ON])
 
 
 def bad_request(message: str, param: str | None = None) -> RequestError:

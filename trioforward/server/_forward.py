@@ -26,7 +26,7 @@ import trio
 
 from trioforward.errors import EngineRejected, TrioforwardError
 from trioforward.server._asgi import Call, Outcome, Route, Send, respond
-from trioforward.server._errors import dispatch_error_body
+from trioforward.server._errors import dispatch_error_body, dispatch_error_headers, passed_on
 from trioforward.server._state import GatewayState
 from trioforward.server._validate import validate_chat, validate_completion
 
@@ -79,7 +79,13 @@ async def _forward(
     log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
     log.status = response.status
     log.complete = True
-    await respond(send, response.status, response.content, _content_type(response.headers))
+    await respond(
+        send,
+        response.status,
+        response.content,
+        _content_type(response.headers),
+        passed_on(response.headers),
+    )
 
 
 async def _relay_stream(
@@ -106,9 +112,12 @@ async def _relay_stream(
                 # The engine refused before streaming: its error body goes back verbatim.
                 content = b"".join([chunk async for chunk in fs.aiter_bytes()])
                 log.complete = True
-                await respond(send, fs.status, content, _content_type(fs.headers))
+                extra = passed_on(fs.headers)
+                await respond(send, fs.status, content, _content_type(fs.headers), extra)
                 return
-            await send({"type": "http.response.start", "status": fs.status, "headers": _SSE})
+            extra = passed_on(fs.headers)
+            head = [*_SSE, *extra] if extra else _SSE
+            await send({"type": "http.response.start", "status": fs.status, "headers": head})
             head_sent = True
             partial = b""  # an event not yet complete: sent only with its end
             async for chunk in fs.aiter_bytes():
@@ -152,9 +161,9 @@ async def _send_dispatch_error(send: Send, err: TrioforwardError, log: Outcome) 
     log.status, log.error = err.status, err.code
     log.complete = True
     if isinstance(err, EngineRejected):
-        await respond(send, err.status, err.body, _content_type(err.headers))
+        await respond(send, err.status, err.body, _content_type(err.headers), passed_on(err.headers))
     else:
-        await respond(send, err.status, dispatch_error_body(err))
+        await respond(send, err.status, dispatch_error_body(err), extra=dispatch_error_headers(err))
 
 
 def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes:

@@ -83,6 +83,9 @@ class ScriptedClient:
         self.status = 200
         self.finished = 0
 
+    def retry_after_hint(self, error: Any) -> int:
+        return 1
+
     async def post(
         self,
         path: str,

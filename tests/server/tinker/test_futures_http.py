@@ -151,6 +151,7 @@ async def test_admission_control_429(fd_baseline: int) -> None:
             ).status_code == 200
             r = await http.post("/api/v1/asample", json=asample_body(sampler, 1))
             assert r.status_code == 429
+            assert r.headers["retry-after"] == "1"  # the SDK's backoff reads it
             engine.gate.set()
         assert len(engine.requests) == 1
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from trioforward.errors import QueueFull
 from trioforward.server._asgi import Call, Route, respond
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server.tinker._futures import PENDING, Future, FutureGone, FutureUnknown, StoreFull
@@ -63,7 +64,10 @@ def _asample(call: Call) -> Awaitable[None]:
         try:
             future, created = state.store.submit(key, job.num_samples)
         except StoreFull as err:
-            raise RequestError(429, f"gateway queue is full: {err}", code="queue_full") from None
+            hint = state.client.retry_after_hint(QueueFull(str(err)))
+            raise RequestError(
+                429, f"gateway queue is full: {err}", code="queue_full", retry_after=hint
+            ) from None
         if created:
             state.runner.submit(future, job)
     answer = {"request_id": future.request_id, "sample_sequence_ids": future.sample_sequence_ids}
