@@ -93,6 +93,13 @@ class Settings:
     future_retention: float = _knob(300.0, "how long a delivered result is kept for re-polls", "s", "tinker")
     max_retained_futures: int = _knob(262144, "results kept at most; oldest delivered evicted first (410)", "futures", "tinker")
 
+    # --- fleet mode (docs/fleet.md) -------------------------------------------
+    state_url: str | None = _knob(None, "Redis/Valkey URL shared by the fleet (redis://, rediss://, unix://, redis+cluster://); unset = no fleet", "URL", "fleet", repr=False)
+    fleet_name: str = _knob("trioforward", "processes naming the same state_url and fleet_name are one fleet", "", "fleet")
+    workers: int = _knob(1, "worker processes on this box, one listening socket; > 1 without state_url starts a private Valkey", "processes", "fleet")
+    lease_interval: float = _knob(0.1, "how often each member publishes its demand and re-splits engine capacity", "s", "fleet")
+    member_ttl: float = _knob(0.5, "a member that has not written for this long leaves the fleet (its share returns, its pending futures answer 410)", "s", "fleet")
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _validate(f.name, getattr(self, f.name))
@@ -110,6 +117,16 @@ class Settings:
             raise SettingsError("max_body_size", self.max_body_size, "must be >= 1")
         for url in self.engines:
             _validate_engine_url(url)
+        if self.workers < 1:
+            raise SettingsError("workers", self.workers, "must be >= 1")
+        if self.lease_interval <= 0:
+            raise SettingsError("lease_interval", self.lease_interval, "must be > 0")
+        if self.member_ttl < 2 * self.lease_interval:
+            raise SettingsError("member_ttl", self.member_ttl, "must be at least 2 x lease_interval")
+        if not self.fleet_name or any(c in self.fleet_name for c in "{}: "):
+            raise SettingsError("fleet_name", self.fleet_name, "must be non-empty, without braces, colons or spaces")
+        if self.state_url is not None:
+            _validate_state_url(self.state_url)
 
     @property
     def connections_per_engine(self) -> int:
@@ -296,6 +313,34 @@ def _validate(name: str, value: Any) -> None:
             raise SettingsError(name, value, "must map names to paths")
     elif kind is str and not isinstance(value, str):
         raise SettingsError(name, value, "must be a string")
+
+
+STATE_URL_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (what logs and errors show)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<unreadable URL>"
+
+
+def _validate_state_url(url: str) -> None:
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in STATE_URL_SCHEMES:
+        # The value is redacted: a state URL may carry a password.
+        raise SettingsError(
+            "state_url", redact_url(url), f"scheme must be one of {', '.join(STATE_URL_SCHEMES)}"
+        )
 
 
 def _validate_engine_url(url: str) -> None:

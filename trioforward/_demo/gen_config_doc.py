@@ -30,6 +30,7 @@ _GROUPS = [
     ("adapters", "LoRA adapters"),
     ("server", "Gateway server"),
     ("tinker", "Tinker futures"),
+    ("fleet", "Fleet mode (docs/fleet.md)"),
 ]
 
 _HEADER = """\

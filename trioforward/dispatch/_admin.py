@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from trioforward.dispatch._engines import Engine, EngineInfo, Registry
@@ -10,7 +11,8 @@ __all__ = ["Engines"]
 
 
 class Engines:
-    """``client.engines``: add, remove and list engines at run time (all synchronous).
+    """``client.engines``: add, remove and list engines, and set this process's share
+    of an engine's capacity, at run time (all synchronous).
 
     A facade over the client's :class:`Registry`; ``on_added(engine)`` is called
     once for each newly registered engine (the client pauses it if everything
@@ -41,6 +43,24 @@ class Engines:
         """Unregister ``url``. Its in-flight requests fail with :class:`DispatchAborted`;
         its queued ones are routed again. Returns False if it was not registered."""
         return self._registry.remove(url) is not None
+
+    def set_share(self, url: str, tokens: int | None) -> None:
+        """Let this process run at most ``tokens`` requests at once on ``url``:
+        its share of the engine's ``engine_capacity`` (docs/fleet.md, "Capacity
+        leases"); ``None`` gives the whole capacity back.
+
+        Lowering a share never cancels running requests: it only stops new grants
+        until fewer than ``tokens`` run. Raising it wakes queued requests at once.
+        Raises ``KeyError`` for an unknown engine and ``ValueError`` for
+        ``tokens < 1`` (a trio ``CapacityLimiter`` holds at least one token).
+        """
+        engine = self._registry.get(url)
+        if tokens is None:
+            engine.limiter.total_tokens = engine.capacity if engine.capacity > 0 else math.inf
+        elif tokens < 1:
+            raise ValueError(f"an engine share is at least 1 request (got {tokens})")
+        else:
+            engine.limiter.total_tokens = tokens
 
     def list(self) -> list[EngineInfo]:
         """A snapshot of every engine, in registration order."""

@@ -38,7 +38,9 @@ class EngineInfo:
 
     ``in_flight``: requests holding its capacity; ``queued``: waiting for it;
     ``capacity``: its limiter size (0 = unlimited); ``consecutive_failures``:
-    failed health probes and connects since the last success.
+    failed health probes and connects since the last success; ``share``: requests
+    this process may run on it at once (its limiter's tokens: ``capacity`` unless
+    a fleet set a smaller share, docs/fleet.md; 0 = unlimited).
     """
 
     url: str
@@ -48,6 +50,7 @@ class EngineInfo:
     queued: int
     capacity: int
     consecutive_failures: int
+    share: int = 0
 
 
 class Engine:
@@ -105,6 +108,7 @@ class Engine:
             self.queued,
             self.capacity,
             self.consecutive_failures,
+            int(tokens) if (tokens := self.limiter.total_tokens) != math.inf else 0,
         )
 
     def evict_waiters(self) -> None:

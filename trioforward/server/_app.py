@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -91,15 +93,18 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
         from trioforward.dispatch import open_client
 
         try:
-            async with open_client(engines=list(settings.engines), settings=settings) as client:
-                async with trio.open_nursery() as nursery:
-                    app.extensions[STATE_KEY] = GatewayState(
-                        settings=settings, client=client, nursery=nursery, metrics=metrics
-                    )
-                    task_status.started()
-                    await stop.wait()
-                    # Background work (Tinker futures) ends with the server.
-                    nursery.cancel_scope.cancel()
+            async with (
+                open_client(engines=list(settings.engines), settings=settings) as client,
+                _open_fleet(client, settings) as fleet,
+                trio.open_nursery() as nursery,
+            ):
+                app.extensions[STATE_KEY] = GatewayState(
+                    settings=settings, client=client, nursery=nursery, metrics=metrics, fleet=fleet
+                )
+                task_status.started()
+                await stop.wait()
+                # Background work (Tinker futures) ends with the server.
+                nursery.cancel_scope.cancel()
         finally:
             app.extensions.pop(STATE_KEY, None)
             stopped.set()
@@ -118,6 +123,19 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
     async def _shutdown() -> None:
         stop.set()
         await stopped.wait()
+
+
+@asynccontextmanager
+async def _open_fleet(client: Any, settings: Settings) -> AsyncIterator[Any]:
+    """This process's fleet membership when ``state_url`` is set, else ``None``.
+    Without ``state_url`` no Redis client is imported (docs/fleet.md)."""
+    if settings.state_url is None:
+        yield None
+        return
+    from trioforward.fleet import open_fleet
+
+    async with open_fleet(client, settings) as fleet:
+        yield fleet
 
 
 def _install_hooks(app: QuartTrio, settings: Settings) -> None:

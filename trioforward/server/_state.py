@@ -23,7 +23,8 @@ class GatewayState:
 
     ``client`` is the dispatch core, open for the app's lifetime; ``nursery`` is a
     server-lifetime nursery for background work that must outlive a request
-    (Tinker futures); ``metrics`` is the server's metrics object; ``extras`` lets a
+    (Tinker futures); ``metrics`` is the server's metrics object; ``fleet`` this
+    process's fleet membership (``None`` without ``state_url``); ``extras`` lets a
     route module keep its own state (e.g. the Tinker future store) by name.
     """
 
@@ -31,6 +32,7 @@ class GatewayState:
     client: Client
     nursery: trio.Nursery
     metrics: Any = None
+    fleet: Any = None  # trioforward.fleet.Fleet when state_url is set (docs/fleet.md)
     extras: dict[str, Any] = field(default_factory=dict)
 
 

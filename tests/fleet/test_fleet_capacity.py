@@ -1,0 +1,108 @@
+"""Capacity leases: the engine's capacity is the fleet's (docs/fleet.md, "Capacity leases")."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from typing import Any
+
+import httpx
+import orjson
+import trio
+from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
+
+CAPACITY = 8
+
+
+async def _members(engine_url: str, valkey: Any, fleet_name: str, n: int, stack: AsyncExitStack) -> list[Gateway]:
+    gateways = []
+    for _ in range(n):
+        gateways.append(
+            await stack.enter_async_context(
+                open_gateway(
+                    engine_url,
+                    state_url=valkey.url,
+                    fleet_name=fleet_name,
+                    engine_capacity=CAPACITY,
+                    lease_interval=0.05,
+                    member_ttl=0.5,
+                )
+            )
+        )
+    return gateways
+
+
+async def _ticks(gateways: list[Gateway], n: int = 2) -> None:
+    for _ in range(n):
+        for gw in gateways:
+            await gw.state.fleet.wait_tick()
+
+
+def _shares(gateways: list[Gateway], url: str) -> list[int]:
+    return [gw.state.fleet.leases.applied[url] for gw in gateways]
+
+
+async def test_three_members_keep_the_engine_at_its_capacity(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    async with open_sim(capacity=0, decode_ms_per_token=2.0) as engine, AsyncExitStack() as stack:
+        gateways = await _members(engine.url, valkey, fleet_name, 3, stack)
+        with trio.fail_after(30):
+            await _ticks(gateways, 4)
+        # Idle: the capacity is spread over the members and sums to it.
+        assert sorted(_shares(gateways, engine.url)) == [2, 3, 3]
+        assert all(len(gw.state.fleet.members) == 3 for gw in gateways)
+        engine.stats.reset()
+
+        statuses: list[int] = []
+
+        async def one(i: int, client: httpx.AsyncClient) -> None:
+            body = {"model": "sim-base", "prompt": [1, 2, 3], "max_tokens": 24, "seed": i}
+            response = await client.post("/v1/completions", content=orjson.dumps(body))
+            statuses.append(response.status_code)
+
+        clients = [
+            await stack.enter_async_context(httpx.AsyncClient(base_url=gw.url, timeout=60))
+            for gw in gateways
+        ]
+        # Skewed load: member 0 gets most of it, so the shares must move.
+        targets = [clients[0] if i % 4 else clients[1 + (i // 4) % 2] for i in range(200)]
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for i, client in enumerate(targets):
+                    nursery.start_soon(one, i, client)
+
+        assert statuses == [200] * 200
+        assert generation_requests(engine) == 200
+        # The stated bound (docs/fleet.md): capacity, + at most members - 1 from the
+        # floor of one while a lowered member drains (measured here: exactly 8).
+        assert engine.stats.peak_running <= CAPACITY + len(gateways) - 1
+        with trio.fail_after(30):
+            await _ticks(gateways, 3)
+        assert sorted(_shares(gateways, engine.url)) == [2, 3, 3]
+        for gw in gateways:
+            assert await gw.pool_active() == 0
+
+
+async def test_a_dead_members_share_returns_within_member_ttl(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        (gateway,) = await _members(engine.url, valkey, fleet_name, 1, stack)
+        fleet = gateway.state.fleet
+        # A member that wrote one heartbeat (busy on the engine) and then died.
+        import coredis
+
+        async with coredis.Redis(unix_socket_path=str(valkey.socket)) as redis:
+            record = {"host": "ghost", "pid": 1, "demand": {engine.url: {"demand": 100, "held": 7}}, "share": {}}
+            await redis.set(fleet.keys.member("a-ghost"), orjson.dumps(record), px=400)
+            await redis.sadd(fleet.keys.members, ["a-ghost"])
+        with trio.fail_after(30):
+            while "a-ghost" not in fleet.members:
+                await fleet.wait_tick()
+            assert fleet.leases.applied[engine.url] < CAPACITY
+            died_at = trio.current_time()
+            while "a-ghost" in fleet.members or fleet.leases.applied[engine.url] != CAPACITY:
+                await fleet.wait_tick()
+        # Its record expired (400 ms), the next tick dropped it, the one after
+        # applied the raise: within member_ttl + one tick of its last write.
+        assert trio.current_time() - died_at < 0.5 + 2 * 0.05 + 0.5  # + scheduling slack

@@ -1,0 +1,72 @@
+"""The fleet's one connection to its shared state: a coredis client, its keys and errors.
+
+coredis runs on trio through anyio (https://coredis.readthedocs.io). Every key of
+a fleet carries the hash tag ``{fleet_name}``, so on a Redis Cluster all of them
+live in one slot and multi-key commands (``MGET``) and pipelines stay legal
+(Redis Cluster specification, "Hash tags").
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import coredis
+from coredis.exceptions import RedisError
+
+__all__ = ["open_redis", "Keys", "STATE_ERRORS", "Redis"]
+
+Redis = coredis.Redis  # the client type the fleet modules are written against
+
+# What a Redis outage looks like from here: coredis's own errors, a socket error
+# that escaped them, or a timeout of ours.
+STATE_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+_CLUSTER_SUFFIX = "+cluster"
+
+
+@asynccontextmanager
+async def open_redis(url: str, *, reply_timeout: float) -> AsyncIterator[Any]:
+    """A coredis client for ``url``, open for the block (its pool closes at exit).
+
+    ``redis://``, ``rediss://`` and ``unix://`` URLs go to ``coredis.Redis``;
+    ``redis+cluster://`` and ``rediss+cluster://`` to ``coredis.RedisCluster``
+    (startup node in the URL). ``reply_timeout`` (s) bounds each connect and each
+    reply, so an unreachable server costs a bounded wait, never a hang. The
+    client retries nothing itself: the fleet's loops retry on their next tick.
+    Connecting is lazy: an unreachable server raises on the first command.
+    """
+    options: dict[str, Any] = {
+        "connect_timeout": reply_timeout,
+        "stream_timeout": reply_timeout,
+        "retry_policy": coredis.retry.NoRetryPolicy(),
+        "decode_responses": False,
+    }
+    scheme, rest = url.split("://", 1)
+    if scheme.endswith(_CLUSTER_SUFFIX):
+        base = scheme[: -len(_CLUSTER_SUFFIX)]
+        client: Any = coredis.RedisCluster.from_url(f"{base}://{rest}", **options)
+    else:
+        client = coredis.Redis.from_url(url, **options)
+    async with client:
+        yield client
+
+
+class Keys:
+    """The names of one fleet's keys (all under the hash tag ``{fleet_name}``)."""
+
+    __slots__ = ("prefix",)
+
+    def __init__(self, fleet_name: str) -> None:
+        self.prefix = f"trioforward:{{{fleet_name}}}:"
+
+    @property
+    def members(self) -> str:
+        """SET of member ids that ever joined (pruned when their record expired)."""
+        return self.prefix + "members"
+
+    def member(self, member_id: str) -> str:
+        """A member's record (JSON: host, pid, demand per engine), expiring after
+        ``member_ttl`` unless the member rewrites it: its heartbeat."""
+        return self.prefix + "member:" + member_id
