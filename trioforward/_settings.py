@@ -98,7 +98,7 @@ class Settings:
     fleet_name: str = _knob("trioforward", "processes naming the same state_url and fleet_name are one fleet", "", "fleet")
     workers: int = _knob(1, "worker processes on this box, one listening socket; > 1 without state_url starts a private Valkey", "processes", "fleet")
     lease_interval: float = _knob(0.1, "how often each member publishes its demand and re-splits engine capacity", "s", "fleet")
-    member_ttl: float = _knob(0.5, "a member that has not written for this long leaves the fleet (its share returns, its pending futures answer 410)", "s", "fleet")
+    member_ttl: float = _knob(1.0, "a member that has not written for this long leaves the fleet (its share returns, its pending futures answer 410); must outlast the longest event-loop stall", "s", "fleet")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

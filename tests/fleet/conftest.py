@@ -52,3 +52,12 @@ _fleet_counter = iter(range(1_000_000))
 def fleet_name() -> str:
     """A fleet name of its own for each test."""
     return f"test{next(_fleet_counter)}"
+
+
+@pytest.fixture(scope="session")
+def sdk_loop() -> Iterator[None]:
+    """The tinker SDK's background asyncio loop, started before fd baselines."""
+    from tinker.lib.internal_client_holder import _internal_client_holder_thread_singleton
+
+    _internal_client_holder_thread_singleton.get_loop()
+    yield

@@ -14,7 +14,16 @@ through its public API (``client.engines.set_share``, ``client.engines.list``,
 
 from __future__ import annotations
 
+from trioforward.fleet._futures import FutureExpired, SharedFutures, StateUnavailable
 from trioforward.fleet._member import Fleet, MemberRecord, open_fleet
 from trioforward.fleet._split import fair_split
 
-__all__ = ["open_fleet", "Fleet", "MemberRecord", "fair_split"]
+__all__ = [
+    "open_fleet",
+    "Fleet",
+    "MemberRecord",
+    "fair_split",
+    "SharedFutures",
+    "StateUnavailable",
+    "FutureExpired",
+]

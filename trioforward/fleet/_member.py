@@ -14,7 +14,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +23,7 @@ import orjson
 import trio
 
 from trioforward._settings import Settings, redact_url
+from trioforward.fleet._futures import SharedFutures
 from trioforward.fleet._leases import CapacityLeases
 from trioforward.fleet._redis import STATE_ERRORS, Keys, open_redis
 
@@ -35,13 +36,16 @@ log = logging.getLogger("trioforward.fleet")
 class MemberRecord:
     """One live member as its last heartbeat described it: ``demand`` maps engine URL
     -> ``{"demand": queued + running, "held": ...}`` (see ``_leases``); ``share``
-    maps engine URL -> the share its limiter held."""
+    maps engine URL -> the share its limiter held; ``epoch`` names the Tinker
+    futures it issued (``tf-<epoch>-<n>``); ``outstanding``: its unfinished samples."""
 
     member_id: str
     host: str
     pid: int
     demand: dict[str, dict[str, int]]
     share: dict[str, int]
+    epoch: str = ""
+    outstanding: int = 0
 
 
 def new_member_id() -> str:
@@ -64,8 +68,15 @@ class Fleet:
         self.keys = Keys(settings.fleet_name)
         self.leases = CapacityLeases(client.engines, settings.engine_capacity, member_id)
         self.members: dict[str, MemberRecord] = {}
+        self.epoch = secrets.token_hex(4)  # names this member's Tinker future ids
+        # Unfinished Tinker samples here; set by the Tinker routes (fleet-wide max_queued).
+        self.outstanding: Callable[[], int] = lambda: 0
+        self.futures = SharedFutures(self)
         self.degraded = False
         self.ticks = 0
+        self.longest_gap = 0.0  # longest time between two successful writes (s)
+        self.late_heartbeats = 0  # writes later than the record's TTL
+        self._last_write = trio.current_time()
         self._known: set[str] = set()  # member ids read from the set last tick
         self._gone: set[str] = set()  # ids whose record had expired: pruned next tick
         self._ttl_ms = max(1, round((settings.member_ttl - settings.lease_interval) * 1000))
@@ -81,6 +92,8 @@ class Fleet:
                 "pid": os.getpid(),
                 "demand": self.leases.demand(),
                 "share": self.leases.applied,
+                "epoch": self.epoch,
+                "outstanding": self.outstanding(),
             }
         )
 
@@ -92,6 +105,12 @@ class Fleet:
             try:
                 await self._exchange()
                 ok = True
+                now = trio.current_time()
+                gap = now - self._last_write
+                self.longest_gap = max(self.longest_gap, gap)
+                self._last_write = now
+                if gap > self.settings.member_ttl - self.settings.lease_interval and not self.degraded:
+                    self._late(gap)
             except STATE_ERRORS as exc:
                 self._outage(exc)
         if not ok and not self.degraded:
@@ -124,15 +143,74 @@ class Fleet:
                 continue
             data = orjson.loads(blob)
             records[member_id] = MemberRecord(
-                member_id, data["host"], data["pid"], data["demand"], data["share"]
+                member_id,
+                data["host"],
+                data["pid"],
+                data["demand"],
+                data["share"],
+                data.get("epoch", ""),
+                data.get("outstanding", 0),
             )
         self.members = records
         self.leases.resplit({m: r.demand for m, r in records.items()})
 
     def _own_record(self) -> MemberRecord:
         return MemberRecord(
-            self.member_id, self._host, os.getpid(), self.leases.demand(), dict(self.leases.applied)
+            self.member_id,
+            self._host,
+            os.getpid(),
+            self.leases.demand(),
+            dict(self.leases.applied),
+            self.epoch,
+            self.outstanding(),
         )
+
+    def summary(self) -> dict[str, Any]:
+        """For ``/health`` and ``/admin/engines``: this member, the shared state's
+        reachability, and every live member's demand and share per engine."""
+        return {
+            "name": self.settings.fleet_name,
+            "member": self.member_id,
+            "state": "unreachable" if self.degraded else "ok",
+            "members": {
+                m: {"host": r.host, "pid": r.pid, "demand": r.demand, "share": r.share}
+                for m, r in sorted(self.members.items())
+            },
+        }
+
+    def epoch_alive(self, epoch: str) -> bool:
+        """Whether a live member issues futures under ``epoch`` (as of the last tick)."""
+        return epoch == self.epoch or any(r.epoch == epoch for r in self.members.values())
+
+    def others_outstanding(self) -> int:
+        """Unfinished Tinker samples on the other live members (as of the last tick)."""
+        return sum(r.outstanding for m, r in self.members.items() if m != self.member_id)
+
+    async def listen(self) -> None:
+        """Follow the completion channel (one subscription) until cancelled; coredis
+        resubscribes by itself after a Redis outage."""
+        while True:
+            try:
+                async with self.redis.pubsub(channels=[self.keys.done]) as pubsub:
+                    async for message in pubsub:
+                        if message["type"] == "message":
+                            self.futures.notice(message["data"])
+            except STATE_ERRORS:
+                await trio.sleep(self.settings.lease_interval)
+
+    def _late(self, gap: float) -> None:
+        # The others may have dropped this member from their splits meanwhile
+        # and raised their shares while its requests still ran: the capacity
+        # invariant does not hold through such a stall (docs/fleet.md).
+        self.late_heartbeats += 1
+        if self.late_heartbeats == 1:
+            log.warning(
+                "fleet %s: heartbeat %.2f s late (member_ttl %.2f s): raise member_ttl above "
+                "the longest event-loop stall, or engine capacity may be overshot",
+                self.settings.fleet_name,
+                gap,
+                self.settings.member_ttl,
+            )
 
     def _outage(self, exc: BaseException) -> None:
         if self.degraded:
@@ -192,6 +270,8 @@ async def open_fleet(
         await fleet.tick()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fleet.run)
+            nursery.start_soon(fleet.listen)
+            nursery.start_soon(fleet.futures.run)
             try:
                 yield fleet
             finally:

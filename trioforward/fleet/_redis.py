@@ -70,3 +70,20 @@ class Keys:
         """A member's record (JSON: host, pid, demand per engine), expiring after
         ``member_ttl`` unless the member rewrites it: its heartbeat."""
         return self.prefix + "member:" + member_id
+
+    @property
+    def done(self) -> str:
+        """Pub/sub channel: ids of finished futures, space-separated, one message per batch."""
+        return self.prefix + "done"
+
+    def dedupe(self, session: str, seq_id: str) -> str:
+        """``(sampling session, seq id)`` -> the request id issued for it."""
+        return f"{self.prefix}seq:{session}:{seq_id}"
+
+    def result(self, request_id: str) -> str:
+        """A finished future's bytes: content type, newline, body (retention TTL)."""
+        return self.prefix + "result:" + request_id
+
+    def finished(self, request_id: str) -> str:
+        """Marker that a future finished (outlives its result: 410, not a wait)."""
+        return self.prefix + "finished:" + request_id

@@ -132,14 +132,17 @@ def install_routes(app: QuartTrio) -> None:
         healthy = sum(1 for e in engines if e.healthy)
         # 200 either way: the gateway itself is up. "degraded" tells an operator
         # that requests are waiting for an engine (up to unhealthy_timeout).
-        return _json(
-            {
-                "status": "ok" if healthy or not engines else "degraded",
-                "engines": len(engines),
-                "healthy_engines": healthy,
-                "dispatchable_engines": sum(1 for e in engines if e.healthy and not e.paused),
-            }
-        )
+        body: dict[str, Any] = {
+            "status": "ok" if healthy or not engines else "degraded",
+            "engines": len(engines),
+            "healthy_engines": healthy,
+            "dispatchable_engines": sum(1 for e in engines if e.healthy and not e.paused),
+        }
+        if state.fleet is not None:  # fleet mode (docs/fleet.md)
+            body["fleet"] = state.fleet.summary()
+            if state.fleet.degraded:
+                body["status"] = "degraded"
+        return _json(body)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -21,6 +21,7 @@ import orjson
 from trioforward.errors import QueueFull
 from trioforward.server._asgi import Call, Route, respond
 from trioforward.server._errors import RequestError, bad_request
+from trioforward.server.tinker import _fleet
 from trioforward.server.tinker._futures import PENDING, Future, FutureGone, FutureUnknown, StoreFull
 from trioforward.server.tinker._requests import make_sampler, parse_sample
 from trioforward.server.tinker._state import TinkerState, state_of
@@ -61,6 +62,8 @@ def _asample(call: Call) -> Awaitable[None]:
     future = state.store.lookup_key(key)
     if future is None:
         job = parse_sample(body, sampler)
+        if state.shared is not None:  # fleet mode: claim (session, seq) fleet-wide
+            return _fleet.submit(state, key, job, call)
         try:
             future, created = state.store.submit(key, job.num_samples)
         except StoreFull as err:
@@ -79,7 +82,8 @@ def _retrieve(call: Call) -> Awaitable[None]:
     """``POST /api/v1/retrieve_future``: the future's result, held until it is ready.
 
     Raises :class:`RequestError` (400 when ``request_id`` is not a string, 404
-    never issued, 410 no longer held).
+    never issued, 410 no longer held). In fleet mode an id of another member is
+    looked up in the shared state (``_fleet.py``).
     """
     state = state_of(call.state)
     request_id: Any = call.data.get("request_id")
@@ -90,6 +94,8 @@ def _retrieve(call: Call) -> Awaitable[None]:
     except FutureUnknown:
         raise RequestError(404, f"future {request_id!r} was never issued", code="not_found") from None
     except FutureGone:
+        if state.shared is not None and not state.store.is_own(request_id):
+            return _fleet.retrieve(state, request_id, call)  # another member's future
         raise RequestError(
             410, f"future {request_id!r} is no longer held; resubmit", code="gone"
         ) from None

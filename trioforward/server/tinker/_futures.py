@@ -145,12 +145,30 @@ class FutureStore:
         self._deduplicated = 0
         self._evicted = 0
         self._rejected = 0
+        # Called with (request_id, content_type, body) as each result finishes:
+        # fleet mode copies it to the shared state (docs/fleet.md).
+        self.on_resolve: Callable[[str, str, bytes], None] | None = None
+
+    @property
+    def outstanding(self) -> int:
+        """Unfinished samples."""
+        return self._outstanding
 
     # -- issuing -------------------------------------------------------------
-    def submit(self, key: Hashable | None, num_samples: int) -> tuple[Future, bool]:
+    def reserve_id(self) -> str:
+        """A fresh request id of this store, for :meth:`submit` (fleet mode claims it
+        in the shared state first)."""
+        request_id = f"{self._prefix}{self._next}"
+        self._next += 1
+        return request_id
+
+    def submit(
+        self, key: Hashable | None, num_samples: int, request_id: str | None = None
+    ) -> tuple[Future, bool]:
         """The future for ``key`` (a resubmit), or a new one: ``(future, created)``.
 
         ``key`` is ``(sampling_session_id, seq_id)``; ``None`` never deduplicates.
+        ``request_id``: one from :meth:`reserve_id` (default: a fresh one).
         Raises :class:`StoreFull` when a new future would pass ``max_outstanding``.
         """
         self.expire()
@@ -162,8 +180,8 @@ class FutureStore:
         if self.max_outstanding and self._outstanding >= self.max_outstanding:
             self._rejected += 1
             raise StoreFull(f"{self._outstanding} samples outstanding (max_queued)")
-        request_id = f"{self._prefix}{self._next}"
-        self._next += 1
+        if request_id is None:
+            request_id = self.reserve_id()
         future = Future(request_id, key, num_samples)
         self._futures[request_id] = future
         if key is not None:
@@ -190,6 +208,8 @@ class FutureStore:
         future.state = READY
         self._outstanding -= 1
         self._ready[future.request_id] = future
+        if self.on_resolve is not None:
+            self.on_resolve(future.request_id, content_type, body)
         if future.event is not None:
             future.event.set()
             future.event = None
@@ -229,6 +249,10 @@ class FutureStore:
         future.state = DELIVERED
         future.deadline = self._clock() + self.retention
         self._delivered[future.request_id] = future
+
+    def is_own(self, request_id: str) -> bool:
+        """Whether ``request_id`` was issued by this store (this process)."""
+        return request_id.startswith(self._prefix)
 
     def was_issued(self, request_id: str) -> bool:
         """Whether this id has the shape of one this store (or an earlier process) issued."""

@@ -35,12 +35,20 @@ class TinkerState:
         settings = gateway.settings
         self.client = gateway.client
         self.adapter_root = settings.adapter_root
+        fleet = gateway.fleet
         self.store = FutureStore(
             hold=settings.future_hold,
             retention=settings.future_retention,
             max_retained=settings.max_retained_futures,
             max_outstanding=settings.max_queued,
+            epoch=None if fleet is None else fleet.epoch,
         )
+        # Fleet mode (docs/fleet.md): futures are the fleet's, max_queued is fleet-wide.
+        self.fleet = fleet
+        self.shared: Any = None if fleet is None else fleet.futures
+        if fleet is not None:
+            self.store.on_resolve = fleet.futures.finished
+            fleet.outstanding = lambda: self.store.outstanding
         self.runner = SampleRunner(
             self.store, self.client, gateway.nursery, self._worker_limit, gateway.metrics
         )

@@ -1,0 +1,78 @@
+"""Redis trouble (docs/fleet.md, "Failure modes"): the OpenAI path keeps serving on the
+last shares, Tinker submits answer 503 + Retry-After, /health says degraded, one log
+line per outage, and everything recovers by itself when Redis returns."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+from gateway_harness import generation_requests, open_gateway, open_sim
+
+PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]}
+
+
+async def test_redis_stopped_and_restarted(
+    valkey: Any, fleet_name: str, fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trioforward.fleet")
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        gw = await stack.enter_async_context(
+            open_gateway(
+                engine.url, state_url=valkey.url, fleet_name=fleet_name, engine_capacity=8,
+                lease_interval=0.05, member_ttl=0.5,
+            )
+        )
+        fleet = gw.state.fleet
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=gw.url, timeout=30))
+        session = (await client.post(
+            "/api/v1/create_sampling_session",
+            json={"session_id": "s", "sampling_session_seq_id": 0, "base_model": "sim-base"},
+        )).json()["sampling_session_id"]
+
+        def sample(seq: int) -> dict[str, Any]:
+            return {"sampling_session_id": session, "seq_id": seq, "num_samples": 1,
+                    "prompt": PROMPT, "sampling_params": {"max_tokens": 4}}
+
+        async def completion() -> int:
+            body = {"model": "sim-base", "prompt": [1, 2], "max_tokens": 4}
+            return (await client.post("/v1/completions", content=orjson.dumps(body))).status_code
+
+        with trio.fail_after(30):
+            while fleet.leases.applied.get(engine.url) != 8:
+                await fleet.wait_tick()
+        assert (await client.post("/api/v1/asample", json=sample(1))).status_code == 200
+
+        valkey.stop()
+        with trio.fail_after(30):
+            while not fleet.degraded:
+                await fleet.wait_tick()
+            for _ in range(3):  # several ticks into the outage
+                await fleet.wait_tick()
+        assert fleet.leases.applied[engine.url] == 8  # the last share is kept
+        assert [await completion() for _ in range(5)] == [200] * 5
+        refused = await client.post("/api/v1/asample", json=sample(2))
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        health = (await client.get("/health")).json()
+        assert health["status"] == "degraded" and health["fleet"]["state"] == "unreachable"
+
+        valkey.start()
+        with trio.fail_after(30):
+            while fleet.degraded:
+                await fleet.wait_tick()
+        accepted = await client.post("/api/v1/asample", json=sample(2))
+        assert accepted.status_code == 200
+        polled = await client.post(
+            "/api/v1/retrieve_future", json={"request_id": accepted.json()["request_id"]}
+        )
+        assert polled.status_code == 200
+        assert (await client.get("/health")).json()["status"] == "ok"
+        assert generation_requests(engine) == 5 + 2
+        outage_lines = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(outage_lines) == 1  # one line per outage, not one per tick
+        assert any("reachable again" in r.getMessage() for r in caplog.records)

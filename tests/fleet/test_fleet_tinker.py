@@ -1,0 +1,207 @@
+"""Tinker futures are the fleet's (docs/fleet.md, "Tinker futures"): submit on one
+member, poll on another; resubmits dedupe fleet-wide; 404/410 keep their meaning."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server" / "tinker"))
+os.environ["TINKER_TELEMETRY"] = "0"
+
+PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [101, 7, 2048, 3]}]}
+
+
+async def _members(engine_url: str, valkey: Any, fleet_name: str, stack: AsyncExitStack, n: int = 2, **knobs: Any) -> list[Gateway]:
+    return [
+        await stack.enter_async_context(
+            open_gateway(
+                engine_url,
+                state_url=valkey.url,
+                fleet_name=fleet_name,
+                lease_interval=0.05,
+                member_ttl=0.5,
+                **knobs,
+            )
+        )
+        for _ in range(n)
+    ]
+
+
+async def _until_members(gateways: list[Gateway], n: int) -> None:
+    while not all(len(gw.state.fleet.members) == n for gw in gateways):
+        for gw in gateways:
+            await gw.state.fleet.wait_tick()
+
+
+async def _session(client: httpx.AsyncClient) -> str:
+    response = await client.post(
+        "/api/v1/create_sampling_session",
+        json={"session_id": "s", "sampling_session_seq_id": 0, "base_model": "sim-base"},
+    )
+    assert response.status_code == 200, response.text
+    return str(response.json()["sampling_session_id"])
+
+
+def _sample(session: str, seq: int) -> dict[str, Any]:
+    return {
+        "sampling_session_id": session,
+        "seq_id": seq,
+        "num_samples": 2,
+        "prompt": PROMPT,
+        "sampling_params": {"max_tokens": 8, "seed": seq},
+    }
+
+
+async def test_submit_on_one_member_poll_on_another_and_resubmit_anywhere(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        a, b = await _members(engine.url, valkey, fleet_name, stack)
+        with trio.fail_after(30):
+            await _until_members([a, b], 2)
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        session = await _session(ca)
+        issued = (await ca.post("/api/v1/asample", json=_sample(session, 1))).json()
+        request_id = issued["request_id"]
+        # A resubmit of the same (session, seq) on the other member: the same future.
+        again = await cb.post("/api/v1/asample", json=_sample(session, 1))
+        assert again.status_code == 200 and again.json()["request_id"] == request_id
+        on_b = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        assert on_b.status_code == 200, on_b.text
+        on_a = await ca.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        assert on_a.status_code == 200
+        assert on_b.content == on_a.content  # the same bytes on every re-poll, anywhere
+        assert on_b.headers["content-type"] == on_a.headers["content-type"]
+        assert generation_requests(engine) == 1  # never run twice for one (session, seq)
+        # Never issued: 404 on any member.
+        for client in (ca, cb):
+            unknown = await client.post("/api/v1/retrieve_future", json={"request_id": "nope"})
+            assert unknown.status_code == 404
+        # Issued, result expired in the shared state: 410 (the SDK resubmits).
+        import coredis
+
+        async with coredis.Redis(unix_socket_path=str(valkey.socket)) as redis:
+            assert await redis.delete([a.state.fleet.keys.result(request_id)]) == 1
+        gone = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        assert gone.status_code == 410
+
+
+async def test_pending_futures_of_a_member_that_left_answer_410(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    async with open_sim(capacity=0, decode_ms_per_token=5000.0) as engine, AsyncExitStack() as stack:
+        (b,) = await _members(engine.url, valkey, fleet_name, stack, 1, future_hold=0.2)
+        async with AsyncExitStack() as a_stack:
+            (a,) = await _members(engine.url, valkey, fleet_name, a_stack, 1, shutdown_grace=0.0)
+            with trio.fail_after(30):
+                await _until_members([a, b], 2)
+            async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca:
+                session = await _session(ca)
+                pending = (await ca.post("/api/v1/asample", json=_sample(session, 1))).json()
+            async with httpx.AsyncClient(base_url=b.url, timeout=30) as cb:
+                # Still pending on a live owner: B holds the poll, then 408.
+                held = await cb.post(
+                    "/api/v1/retrieve_future", json={"request_id": pending["request_id"]}
+                )
+                assert held.status_code == 408
+        # A left the fleet with the sample pending: B answers 410 (the SDK resubmits).
+        async with httpx.AsyncClient(base_url=b.url, timeout=30) as cb:
+            with trio.fail_after(30):
+                while len(b.state.fleet.members) != 1:
+                    await b.state.fleet.wait_tick()
+            gone = await cb.post("/api/v1/retrieve_future", json={"request_id": pending["request_id"]})
+            assert gone.status_code == 410
+
+
+class RoundRobin:
+    """A tiny HTTP balancer (ASGI, forwarding with httpx): each request goes to the
+    next member in turn, so an SDK's submit and its polls land on different ones."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self._turn = itertools.cycle(range(len(urls)))
+        self.hits: dict[tuple[str, int], int] = {}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].rsplit(".", 1)[-1]  # startup / shutdown
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        index = next(self._turn)
+        self.hits[(scope["path"], index)] = self.hits.get((scope["path"], index), 0) + 1
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (b"host", b"content-length")]
+        async with httpx.AsyncClient(base_url=self.urls[index], timeout=120) as client:
+            response = await client.request(
+                scope["method"], scope["path"], content=body, headers=headers,
+                params=scope["query_string"].decode(),
+            )
+        await send({
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": [(k.encode(), v.encode()) for k, v in response.headers.items()
+                        if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")],
+        })
+        await send({"type": "http.response.body", "body": response.content})
+
+
+@asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    from _tinker_harness import serving as serve_app
+
+    async with serve_app(app) as url:
+        yield url
+
+
+async def test_the_tinker_sdk_through_a_round_robin_balancer(
+    sdk_loop: None, valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    from _tinker_harness import sdk_sample
+
+    async with open_sim(capacity=0, decode_ms_per_token=1.0) as engine, AsyncExitStack() as stack:
+        members = await _members(engine.url, valkey, fleet_name, stack)
+        with trio.fail_after(30):
+            await _until_members(members, 2)
+        balancer = RoundRobin([gw.url for gw in members])
+        url = await stack.enter_async_context(serving(balancer))
+        results: list[Any] = []
+
+        async def one(seed: int) -> None:
+            results.append(
+                await trio.to_thread.run_sync(
+                    functools.partial(
+                        sdk_sample, url, base_model="sim-base", prompt=[1, 2, 3],
+                        num_samples=2, max_tokens=6, seed=seed,
+                    )
+                )
+            )
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for seed in range(8):
+                    nursery.start_soon(one, seed)
+        assert len(results) == 8 and all(len(r.sequences) == 2 for r in results)
+        # Every sample ran once on the engine, and both members took submits and polls.
+        assert generation_requests(engine) == 8
+        for path in ("/api/v1/asample", "/api/v1/retrieve_future"):
+            assert all(balancer.hits.get((path, i), 0) > 0 for i in range(2)), balancer.hits

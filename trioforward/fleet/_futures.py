@@ -1,0 +1,162 @@
+"""Tinker futures shared by the fleet: dedupe, results and completion notices in Redis.
+
+The member that accepts an ``asample`` runs the sample and keeps the result in
+its own in-memory future store (the gateway's ``FutureStore``); this module
+adds what makes the future the fleet's (docs/fleet.md, "Tinker futures"):
+
+- **Dedupe.** ``(sampling_session_id, seq_id) -> request id`` is claimed with
+  ``SET NX GET`` (Redis >= 7.0): the first member to claim a key runs the
+  sample, every resubmit anywhere gets the same id.
+- **Results.** A finished result's bytes are written once, with the retention
+  TTL, and a small *finished* marker with a longer TTL; ids finished in one
+  burst go out in one pipeline with one ``PUBLISH`` of their ids.
+- **Polls elsewhere.** A member asked for an id it does not hold reads the
+  result from Redis; a pending one is waited for on the completion channel
+  (one subscription per member) up to the poll hold.
+- **410 vs 404.** An id answers 410 once its result expired (the finished
+  marker is there but the bytes are not) or when its owner is no longer a live
+  member (it left or crashed: the SDK resubmits, nothing is lost). Ids that
+  were never issued keep answering 404 (the local store recognises them).
+
+Request ids are ``tf-<epoch>-<n>``; ``<epoch>`` names the member that issued it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+from coredis import PureToken
+
+from trioforward.fleet._redis import STATE_ERRORS
+
+if TYPE_CHECKING:
+    from trioforward.fleet._member import Fleet
+
+__all__ = ["SharedFutures", "StateUnavailable", "FutureExpired"]
+
+log = logging.getLogger("trioforward.fleet")
+
+# How much longer than the result the "it finished" marker lives.
+FINISHED_MARKER_FACTOR = 8
+# Results written per pipeline at most (bounds one round trip's size).
+MAX_BATCH = 256
+
+
+class StateUnavailable(Exception):
+    """The shared state did not answer (HTTP 503 with ``Retry-After``)."""
+
+
+class FutureExpired(LookupError):
+    """The id was issued, but its result expired or its owner left (HTTP 410)."""
+
+
+class SharedFutures:
+    """This member's side of the fleet's futures. Built by the :class:`Fleet`."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+        self._keys = fleet.keys
+        settings = fleet.settings
+        self._retention_ms = max(1, round(settings.future_retention * 1000))
+        self._dedupe_ms = self._retention_ms * FINISHED_MARKER_FACTOR
+        self._timeout = settings.member_ttl
+        self._send, self._receive = trio.open_memory_channel[tuple[str, bytes]](float("inf"))
+        self._waiters: dict[str, trio.Event] = {}
+
+    # -- submitting ---------------------------------------------------------------
+
+    async def claim(self, session: str, seq_id: Any, request_id: str) -> str | None:
+        """Claim ``(session, seq_id)`` for ``request_id``. Returns ``None`` if this
+        call claimed it (run the sample), else the id claimed first (anywhere).
+        Raises :class:`StateUnavailable` when Redis does not answer in time."""
+        if self._fleet.degraded:
+            raise StateUnavailable("shared state unreachable")
+        key = self._keys.dedupe(session, str(seq_id))
+        with trio.move_on_after(self._timeout):
+            try:
+                previous = await self._fleet.redis.set(
+                    key, request_id, condition=PureToken.NX, get=True, px=self._dedupe_ms
+                )
+            except STATE_ERRORS as exc:
+                raise StateUnavailable(f"shared state unreachable ({type(exc).__name__})") from None
+            return None if previous is None else bytes(previous).decode()
+        raise StateUnavailable("shared state did not answer in time")
+
+    # -- finishing ----------------------------------------------------------------
+
+    def finished(self, request_id: str, content_type: str, body: bytes) -> None:
+        """Queue a finished result for Redis (never blocks; written by :meth:`run`)."""
+        self._send.send_nowait((request_id, content_type.encode() + b"\n" + body))
+
+    async def run(self) -> None:
+        """Write queued results, one pipeline per batch, until cancelled. A batch
+        that fails (Redis away) is retried until it succeeds: a result is never
+        dropped while this member lives (other members' polls wait or 408)."""
+        while True:
+            batch = [await self._receive.receive()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            while not await self._write(batch):
+                await self._fleet.wait_tick()  # retry once the next heartbeat ran
+
+    async def _write(self, batch: list[tuple[str, bytes]]) -> bool:
+        keys = self._keys
+        with trio.move_on_after(self._timeout):
+            try:
+                async with self._fleet.redis.pipeline(transaction=False) as pipe:
+                    for request_id, blob in batch:
+                        pipe.set(keys.result(request_id), blob, px=self._retention_ms)
+                        pipe.set(keys.finished(request_id), b"1", px=self._dedupe_ms)
+                    pipe.publish(keys.done, b" ".join(r.encode() for r, _ in batch))
+                return True
+            except STATE_ERRORS:
+                return False
+        return False
+
+    # -- polls for other members' futures -----------------------------------------
+
+    def notice(self, data: bytes) -> None:
+        """A completion notice (ids separated by spaces): wake their local pollers."""
+        for raw in data.split():
+            event = self._waiters.pop(raw.decode(), None)
+            if event is not None:
+                event.set()
+
+    async def fetch(self, request_id: str, hold: float) -> tuple[str, bytes] | None:
+        """The result of a future another member issued: ``(content_type, body)``,
+        or ``None`` if it is still pending after ``hold`` seconds (HTTP 408).
+        Raises :class:`FutureExpired` (410) or :class:`StateUnavailable` (503)."""
+        event = self._waiters.setdefault(request_id, trio.Event())
+        found = await self._read(request_id)
+        if found is None:
+            with trio.move_on_after(hold):
+                await event.wait()
+            found = await self._read(request_id)
+        return found
+
+    async def _read(self, request_id: str) -> tuple[str, bytes] | None:
+        keys = self._keys
+        with trio.move_on_after(self._timeout):
+            try:
+                blob, marker = await self._fleet.redis.mget(
+                    [keys.result(request_id), keys.finished(request_id)]
+                )
+            except STATE_ERRORS as exc:
+                raise StateUnavailable(f"shared state unreachable ({type(exc).__name__})") from None
+            if blob is not None:
+                self._waiters.pop(request_id, None)
+                content_type, _, body = bytes(blob).partition(b"\n")
+                return content_type.decode(), body
+            if marker is not None:
+                raise FutureExpired(f"future {request_id!r} expired")
+            epoch = request_id.split("-")[1] if request_id.count("-") == 2 else ""
+            if not self._fleet.epoch_alive(epoch):
+                self._waiters.pop(request_id, None)
+                raise FutureExpired(f"the member that issued {request_id!r} left the fleet")
+            return None
+        raise StateUnavailable("shared state did not answer in time")
