@@ -16,6 +16,7 @@ from trioforward import Settings
 from trioforward.codec import Completion, decode_completion
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
+from trioforward.dispatch._control import engine_models
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._forward_stream import ForwardStream
@@ -264,6 +265,18 @@ class Client:
         completion.queue_time = response.queue_time
         completion.engine_time = response.engine_time
         return completion
+
+    async def engine_models(self) -> list[dict[str, Any]]:
+        """The engines' ``GET /v1/models`` entries (dicts with ``"id"``, in engine order).
+
+        A control call: asked of every engine at once over the control pool,
+        each within ``health_timeout`` — never behind engine capacity or a
+        pause (docs/semantics.md, "Which path each engine call takes"). An
+        engine that does not answer in time is left out; never raises for one.
+        """
+        return await engine_models(
+            list(self._registry.engines), self._control_pool, self.settings.health_timeout
+        )
 
     def retry_after_hint(self, error: TrioforwardError) -> int | None:
         """Seconds a client should wait before retrying after the gateway-made 429/503

@@ -20,11 +20,9 @@ client request.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import orjson
-import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
@@ -93,33 +91,6 @@ def _engines_json(state: GatewayState) -> dict[str, Any]:
     }
 
 
-async def _engine_models(state: GatewayState) -> list[dict[str, Any]]:
-    """``GET /v1/models`` of every engine at once, within ``health_timeout``; an engine
-    that does not answer is left out."""
-    from trioforward.http import open_pool
-
-    urls = [e.url for e in state.client.engines.list()]
-    answers: list[dict[str, Any]] = []
-    timeout = state.settings.health_timeout
-
-    async def one(pool: Any, url: str) -> None:
-        try:
-            response = await pool.request(
-                "GET", url + "/v1/models", deadline=trio.current_time() + timeout
-            )
-            if response.status == 200:
-                data = orjson.loads(response.content).get("data", [])
-                answers.extend(m for m in data if isinstance(m, dict) and "id" in m)
-        except Exception:  # noqa: BLE001 - one broken engine must not break the listing
-            pass
-
-    async with open_pool(connect_timeout=timeout, idle_expiry=math.inf) as pool:
-        async with trio.open_nursery() as nursery:
-            for url in urls:
-                nursery.start_soon(one, pool, url)
-    return answers
-
-
 def install_routes(app: QuartTrio) -> None:
     """Registers the views on ``app``."""
 
@@ -152,7 +123,7 @@ def install_routes(app: QuartTrio) -> None:
     async def models() -> Response:
         state = get_state()
         seen: dict[str, dict[str, Any]] = {}
-        for model in await _engine_models(state):
+        for model in await state.client.engine_models():
             seen.setdefault(model["id"], model)
         bases = [m["id"] for m in seen.values() if not m.get("parent")]
         parents: dict[str, str] = state.extras.get(_PARENTS, {})

@@ -86,6 +86,9 @@ class ScriptedClient:
     def retry_after_hint(self, error: Any) -> int:
         return 1
 
+    async def engine_models(self) -> list[dict[str, Any]]:
+        return []
+
     async def post(
         self,
         path: str,

@@ -131,15 +131,9 @@ async def get_server_capabilities() -> Response:
 
 
 async def _engine_models(client: Any) -> list[str]:
-    """The model names an engine lists (``GET /v1/models``); [] if none answers."""
-    from trioforward.errors import TrioforwardError
-
-    try:
-        response = await client.request("GET", "/v1/models")
-        data = orjson.loads(response.content).get("data", []) if response.status == 200 else []
-        return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
-    except (TrioforwardError, AttributeError, ValueError, TypeError):
-        return []
+    """The model names the engines list (``GET /v1/models``, a control call: never
+    queued behind generations or a pause); [] if none answers in time."""
+    return [str(m["id"]) for m in await client.engine_models()]
 
 
 @blueprint.route("/create_sampling_session", methods=["POST"])
