@@ -25,7 +25,7 @@ async def test_redis_stopped_and_restarted(
         gw = await stack.enter_async_context(
             open_gateway(
                 engine.url, state_url=valkey.url, fleet_name=fleet_name, engine_capacity=8,
-                lease_interval=0.05, member_ttl=0.5,
+                lease_interval=0.05, member_ttl=2.0,
             )
         )
         fleet = gw.state.fleet

@@ -14,6 +14,7 @@ through its public API (``client.engines.set_share``, ``client.engines.list``,
 
 from __future__ import annotations
 
+from trioforward.fleet._control import ControlPlane, FleetLagging
 from trioforward.fleet._futures import FutureExpired, SharedFutures, StateUnavailable
 from trioforward.fleet._member import Fleet, MemberRecord, open_fleet
 from trioforward.fleet._split import fair_split
@@ -26,4 +27,6 @@ __all__ = [
     "SharedFutures",
     "StateUnavailable",
     "FutureExpired",
+    "ControlPlane",
+    "FleetLagging",
 ]

@@ -73,6 +73,13 @@ class CapacityLeases:
             self._engines.set_share(info.url, 1)
             self.applied[info.url] = 1
 
+    def adopt(self, url: str) -> None:
+        """An engine was just added here: hold a share of 1 on it until the next
+        split (as at a join), not its whole capacity."""
+        if self.enabled:
+            self._engines.set_share(url, 1)
+            self.applied[url] = 1
+
     def demand(self) -> dict[str, dict[str, int]]:
         """This member's published counts per engine URL: ``demand`` (queued +
         running here) and ``held`` (max of intended share, applied share and running)."""

@@ -23,6 +23,7 @@ import orjson
 import trio
 
 from trioforward._settings import Settings, redact_url
+from trioforward.fleet._control import ControlPlane
 from trioforward.fleet._futures import SharedFutures
 from trioforward.fleet._leases import CapacityLeases
 from trioforward.fleet._redis import STATE_ERRORS, Keys, open_redis
@@ -37,7 +38,8 @@ class MemberRecord:
     """One live member as its last heartbeat described it: ``demand`` maps engine URL
     -> ``{"demand": queued + running, "held": ...}`` (see ``_leases``); ``share``
     maps engine URL -> the share its limiter held; ``epoch`` names the Tinker
-    futures it issued (``tf-<epoch>-<n>``); ``outstanding``: its unfinished samples."""
+    futures it issued (``tf-<epoch>-<n>``); ``outstanding``: its unfinished samples;
+    ``control``: the control-plane version it applied."""
 
     member_id: str
     host: str
@@ -46,6 +48,7 @@ class MemberRecord:
     share: dict[str, int]
     epoch: str = ""
     outstanding: int = 0
+    control: int = 0
 
 
 def new_member_id() -> str:
@@ -72,6 +75,7 @@ class Fleet:
         # Unfinished Tinker samples here; set by the Tinker routes (fleet-wide max_queued).
         self.outstanding: Callable[[], int] = lambda: 0
         self.futures = SharedFutures(self)
+        self.control = ControlPlane(self, client)
         self.degraded = False
         self.ticks = 0
         self.longest_gap = 0.0  # longest time between two successful writes (s)
@@ -94,6 +98,7 @@ class Fleet:
                 "share": self.leases.applied,
                 "epoch": self.epoch,
                 "outstanding": self.outstanding(),
+                "control": self.control.applied_version,
             }
         )
 
@@ -132,8 +137,12 @@ class Fleet:
             if self._gone:
                 pipe.srem(keys.members, sorted(self._gone))
             members_reply = pipe.smembers(keys.members)
+            version_reply = pipe.get(keys.control("version"))
             records_reply = pipe.mget([keys.member(m) for m in others]) if others else None
         self._known = {m.decode() for m in await members_reply}
+        version = await version_reply
+        if version is not None:
+            self.control.heard(int(version))
         raw = list(await records_reply) if records_reply is not None else []
         records = {self.member_id: self._own_record()}
         self._gone = set()
@@ -150,6 +159,7 @@ class Fleet:
                 data["share"],
                 data.get("epoch", ""),
                 data.get("outstanding", 0),
+                data.get("control", 0),
             )
         self.members = records
         self.leases.resplit({m: r.demand for m, r in records.items()})
@@ -163,17 +173,35 @@ class Fleet:
             dict(self.leases.applied),
             self.epoch,
             self.outstanding(),
+            self.control.applied_version,
         )
 
     def summary(self) -> dict[str, Any]:
         """For ``/health`` and ``/admin/engines``: this member, the shared state's
-        reachability, and every live member's demand and share per engine."""
+        reachability, per engine the fleet's totals (demand, shares, members using
+        it) and every live member's demand and share per engine."""
+        totals: dict[str, dict[str, int]] = {}
+        for record in self.members.values():
+            for url, counts in record.demand.items():
+                total = totals.setdefault(url, {"demand": 0, "share": 0, "members": 0})
+                total["demand"] += int(counts["demand"])
+                total["share"] += int(record.share.get(url, 0))
+                total["members"] += 1
         return {
             "name": self.settings.fleet_name,
             "member": self.member_id,
             "state": "unreachable" if self.degraded else "ok",
+            "control_version": self.control.applied_version,
+            "engines": totals,
             "members": {
-                m: {"host": r.host, "pid": r.pid, "demand": r.demand, "share": r.share}
+                m: {
+                    "host": r.host,
+                    "pid": r.pid,
+                    "demand": r.demand,
+                    "share": r.share,
+                    "outstanding_samples": r.outstanding,
+                    "control_version": r.control,
+                }
                 for m, r in sorted(self.members.items())
             },
         }
@@ -191,9 +219,14 @@ class Fleet:
         resubscribes by itself after a Redis outage."""
         while True:
             try:
-                async with self.redis.pubsub(channels=[self.keys.done]) as pubsub:
+                channels = [self.keys.done, self.keys.announce]
+                async with self.redis.pubsub(channels=channels) as pubsub:
                     async for message in pubsub:
-                        if message["type"] == "message":
+                        if message["type"] != "message":
+                            continue
+                        if message["channel"] == self.keys.announce.encode():
+                            self.control.heard(int(message["data"]))
+                        else:
                             self.futures.notice(message["data"])
             except STATE_ERRORS:
                 await trio.sleep(self.settings.lease_interval)
@@ -258,20 +291,32 @@ async def open_fleet(
     """Join the fleet named by ``settings.state_url`` and ``settings.fleet_name``
     with the dispatch ``client``; leave at exit.
 
-    Before yielding, every engine's share is set to 1 and one tick is tried, so
-    the member takes traffic with a computed share (or, if the shared state is
-    unreachable now, with a share of 1 and ``degraded`` set: it never blocks).
+    Before yielding, every engine's share is set to 1, the control plane's
+    current state (pause, engines, adapters) is applied and two ticks are tried, so the
+    member takes traffic with a computed share and the fleet's state (or, if the
+    shared state is unreachable now, with a share of 1 and ``degraded`` set: it
+    never blocks longer than ``member_ttl`` per step).
     """
     if settings.state_url is None:
         raise ValueError("open_fleet needs settings.state_url")
     async with open_redis(settings.state_url, reply_timeout=settings.member_ttl) as redis:
         fleet = Fleet(client, settings, redis, member_id or new_member_id())
         fleet.leases.start()
-        await fleet.tick()
+        # Join: apply the fleet's pause state, engines and adapters before traffic.
+        with trio.move_on_after(settings.member_ttl):
+            try:
+                await fleet.control.apply_current()
+            except STATE_ERRORS:
+                pass  # the control task applies it once Redis answers
+        # Two ticks: the first writes this record and learns who the others are,
+        # the second reads their records (one round trip each).
+        if await fleet.tick():
+            await fleet.tick()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(fleet.run)
             nursery.start_soon(fleet.listen)
             nursery.start_soon(fleet.futures.run)
+            nursery.start_soon(fleet.control.run)
             try:
                 yield fleet
             finally:

@@ -87,3 +87,12 @@ class Keys:
     def finished(self, request_id: str) -> str:
         """Marker that a future finished (outlives its result: 410, not a wait)."""
         return self.prefix + "finished:" + request_id
+
+    @property
+    def announce(self) -> str:
+        """Pub/sub channel: the version of each control-plane change."""
+        return self.prefix + "announce"
+
+    def control(self, part: str) -> str:
+        """Control-plane state: ``version``, ``paused``, ``engines``, ``adapters``."""
+        return self.prefix + "control:" + part

@@ -15,11 +15,15 @@ Admin API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
   LoRA adapter the gateway loads on demand.
 
 Engine URLs come only from here and from the configuration, never from a
-client request.
+client request. In fleet mode (docs/fleet.md, "Control plane") every change is
+made fleet-wide and answers once all live members applied it (503
+``fleet_lagging`` naming the laggards otherwise); ``GET /admin/engines`` adds a
+``"fleet"`` object with totals and each member.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -74,8 +78,21 @@ def _url(value: object) -> str:
         raise RequestError(400, str(exc), code="invalid_engine_url", param="url") from None
 
 
+async def _fleet_wide(change: Awaitable[int]) -> None:
+    """Run a fleet-wide control change (docs/fleet.md, "Control plane"); 503 naming
+    the members that did not apply it in time, or when Redis does not answer."""
+    from trioforward.fleet import FleetLagging, StateUnavailable
+
+    try:
+        await change
+    except FleetLagging as err:
+        raise RequestError(503, str(err), type="server_error", code="fleet_lagging") from None
+    except StateUnavailable as err:
+        raise RequestError(503, str(err), type="server_error", code="state_unavailable") from None
+
+
 def _engines_json(state: GatewayState) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "engines": [
             {
                 "url": e.url,
@@ -89,6 +106,9 @@ def _engines_json(state: GatewayState) -> dict[str, Any]:
             for e in state.client.engines.list()
         ]
     }
+    if state.fleet is not None:  # fleet mode: totals over every member, and each member
+        body["fleet"] = state.fleet.summary()
+    return body
 
 
 def install_routes(app: QuartTrio) -> None:
@@ -149,7 +169,10 @@ def install_routes(app: QuartTrio) -> None:
         # Idempotent, as PUT would be: re-adding a registered engine is 200 with
         # the list unchanged; 201 only when this call created the record.
         known = url in {e.url for e in state.client.engines.list()}
-        state.client.engines.add(url)
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.add_engine(url))
+        else:
+            state.client.engines.add(url)
         return _json(_engines_json(state), 200 if known else 201)
 
     @app.delete("/admin/engines")
@@ -158,7 +181,10 @@ def install_routes(app: QuartTrio) -> None:
         url = _url(request.args.get("url") or (await _body()).get("url"))
         if url not in {e.url for e in state.client.engines.list()}:
             raise RequestError(404, f"no engine {url}", code="engine_not_found", param="url")
-        state.client.engines.remove(url)
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.remove_engine(url))
+        else:
+            state.client.engines.remove(url)
         return _json(_engines_json(state))
 
     @app.post("/admin/pause")
@@ -168,13 +194,21 @@ def install_routes(app: QuartTrio) -> None:
         mode = data.get("mode", "wait")
         if mode not in ("wait", "abort"):
             raise bad_request('\'mode\' must be "wait" or "abort"', "mode")
-        await state.client.pause(engines=_known_engines(state, data), mode=mode)
+        engines = _known_engines(state, data)
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.pause(engines, mode))
+        else:
+            await state.client.pause(engines=engines, mode=mode)
         return _json(_engines_json(state))
 
     @app.post("/admin/resume")
     async def resume() -> Response:
         state = get_state()
-        await state.client.resume(engines=_known_engines(state, await _body()))
+        engines = _known_engines(state, await _body())
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.resume(engines))
+        else:
+            await state.client.resume(engines=engines)
         return _json(_engines_json(state))
 
     @app.get("/admin/adapters")
@@ -201,7 +235,10 @@ def install_routes(app: QuartTrio) -> None:
             raise bad_request("'path' must be a non-empty string", "path")
         if parent is not None and not isinstance(parent, str):
             raise bad_request("'parent' must be a string", "parent")
-        state.client.adapters.register(name, path)
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.register_adapter(name, path))
+        else:
+            state.client.adapters.register(name, path)
         if parent:
             state.extras.setdefault(_PARENTS, {})[name] = parent
         return _json({"name": name, "path": path, "parent": parent}, 201)
@@ -212,6 +249,9 @@ def install_routes(app: QuartTrio) -> None:
         name = request.args.get("name") or (await _body()).get("name")
         if not isinstance(name, str) or name not in state.client.adapters.list():
             raise RequestError(404, f"no adapter {name!r}", code="adapter_not_found", param="name")
-        state.client.adapters.unregister(name)
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.unregister_adapter(name))
+        else:
+            state.client.adapters.unregister(name)
         state.extras.get(_PARENTS, {}).pop(name, None)
         return _json({"name": name, "deleted": True})

@@ -1,0 +1,231 @@
+"""The fleet's control plane: pause/resume, engines and adapters, applied by every member.
+
+State lives in Redis as three hashes and a version (docs/fleet.md, "Control
+plane"): ``paused`` (``"*"`` or an engine URL -> pause mode), ``engines``
+(URL -> ``add`` | ``remove``, on top of the configured engines) and
+``adapters`` (name -> path; ``""`` unregisters one, configured or not). An
+admin change is one ``MULTI`` transaction that edits a hash and increments the
+version, then a ``PUBLISH`` of the version on the fleet's announce channel.
+
+Every member applies the *whole* state (idempotently, as a diff against what it
+applied last) when it hears the announcement or when its heartbeat sees a newer
+version, then publishes the version it applied in its heartbeat record. The
+admin call returns once every live member applied its version - so a
+``pause(mode="wait")`` returns when no member runs anything on the paused
+engines - or raises :class:`FleetLagging` naming the members that did not
+within ``ack_timeout``. A joining member applies the current state before it
+takes traffic (:func:`~trioforward.fleet.open_fleet`).
+
+Public interface (what admin routes and other features build on):
+:meth:`ControlPlane.pause`, :meth:`~ControlPlane.resume`,
+:meth:`~ControlPlane.add_engine`, :meth:`~ControlPlane.remove_engine`,
+:meth:`~ControlPlane.register_adapter`, :meth:`~ControlPlane.unregister_adapter`,
+:attr:`~ControlPlane.applied_version`, :meth:`~ControlPlane.wait_applied`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from trioforward.fleet._futures import StateUnavailable
+from trioforward.fleet._redis import STATE_ERRORS
+
+if TYPE_CHECKING:
+    from trioforward.fleet._member import Fleet
+
+__all__ = ["ControlPlane", "FleetLagging"]
+
+log = logging.getLogger("trioforward.fleet")
+
+ALL = "*"
+
+
+class FleetLagging(Exception):
+    """Some live members did not apply a control change in time (HTTP 503).
+    ``.members``: their ids; ``.version``: the change's version."""
+
+    def __init__(self, version: int, members: list[str]) -> None:
+        super().__init__(
+            f"control change {version} not applied by {len(members)} member(s) in time: "
+            + ", ".join(members)
+        )
+        self.version = version
+        self.members = members
+
+
+class ControlPlane:
+    """One member's side of the control plane. Built by the :class:`Fleet`."""
+
+    def __init__(self, fleet: Fleet, client: Any) -> None:
+        self._fleet = fleet
+        self._client = client
+        self._keys = fleet.keys
+        settings = fleet.settings
+        # Long enough for every member to hear, apply and heartbeat once more.
+        self.ack_timeout = max(2.0, 2 * settings.member_ttl)
+        self.applied_version = 0
+        self._wanted = 0  # highest version heard of
+        self._wake = trio.Event()
+        self._applied_event = trio.Event()
+        # What this member applied last (it starts from its configuration).
+        self._paused_all = False
+        self._paused: set[str] = set()
+
+    # -- admin changes (any member) ------------------------------------------------
+
+    async def pause(self, engines: Iterable[str] | None = None, mode: str = "wait") -> int:
+        """Pause ``engines`` (default: all) on every member; returns the version once
+        all live members applied it (``wait``: their in-flight requests finished;
+        ``abort``: cancelled). Raises :class:`FleetLagging`, or
+        :class:`~trioforward.fleet.StateUnavailable` when Redis does not answer."""
+        targets = [ALL] if engines is None else [e.rstrip("/") for e in engines]
+        key = self._keys.control("paused")
+        return await self._change(lambda p: p.hset(key, dict.fromkeys(targets, mode)))
+
+    async def resume(self, engines: Iterable[str] | None = None) -> int:
+        """Resume ``engines`` (default: all, including engines paused one by one)."""
+        key = self._keys.control("paused")
+        if engines is None:
+            return await self._change(lambda p: p.delete([key]))
+        targets = [e.rstrip("/") for e in engines]
+        return await self._change(lambda p: p.hdel(key, targets))
+
+    async def add_engine(self, url: str) -> int:
+        """Register ``url`` on every member."""
+        key = self._keys.control("engines")
+        return await self._change(lambda p: p.hset(key, {url.rstrip("/"): "add"}))
+
+    async def remove_engine(self, url: str) -> int:
+        """Unregister ``url`` on every member (configured or added)."""
+        key = self._keys.control("engines")
+        return await self._change(lambda p: p.hset(key, {url.rstrip("/"): "remove"}))
+
+    async def register_adapter(self, name: str, path: str) -> int:
+        """Register adapter ``name`` at ``path`` on every member."""
+        key = self._keys.control("adapters")
+        return await self._change(lambda p: p.hset(key, {name: path}))
+
+    async def unregister_adapter(self, name: str) -> int:
+        """Unregister adapter ``name`` on every member."""
+        key = self._keys.control("adapters")
+        return await self._change(lambda p: p.hset(key, {name: ""}))
+
+    async def _change(self, edit: Any) -> int:
+        keys = self._keys
+        with trio.move_on_after(self._fleet.settings.member_ttl) as scope:
+            try:
+                async with self._fleet.redis.pipeline(transaction=True) as pipe:
+                    edit(pipe)
+                    version_reply = pipe.incr(keys.control("version"))
+                version = int(await version_reply)
+                await self._fleet.redis.publish(keys.announce, str(version).encode())
+            except STATE_ERRORS as exc:
+                raise StateUnavailable(f"shared state unreachable ({type(exc).__name__})") from None
+        if scope.cancelled_caught:
+            raise StateUnavailable("shared state did not answer in time")
+        self.heard(version)
+        await self.wait_applied(version)
+        return version
+
+    async def wait_applied(self, version: int) -> None:
+        """Return once every live member's heartbeat shows ``version`` applied.
+        Raises :class:`FleetLagging` after :attr:`ack_timeout`."""
+        fleet = self._fleet
+        with trio.move_on_after(self.ack_timeout):
+            while True:
+                if self.applied_version >= version:
+                    await fleet.wait_tick()  # a fresh snapshot of the others
+                    if all(r.control >= version for r in fleet.members.values()):
+                        return
+                else:
+                    await self._applied_event.wait()
+        laggards = sorted(m for m, r in fleet.members.items() if r.control < version)
+        if self.applied_version < version:
+            laggards = sorted({*laggards, fleet.member_id})
+        raise FleetLagging(version, laggards)
+
+    # -- applying (every member) ----------------------------------------------------
+
+    def heard(self, version: int) -> None:
+        """A version was announced or seen in a heartbeat: apply it if newer."""
+        if version > self._wanted:
+            self._wanted = version
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Apply each newer state until cancelled (a Redis error retries next tick)."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self.apply_current()
+            except STATE_ERRORS:
+                self._wake.set()
+                await self._fleet.wait_tick()
+
+    async def apply_current(self) -> None:
+        """Read the whole control state and apply what changed since last time."""
+        keys = self._keys
+        async with self._fleet.redis.pipeline(transaction=False) as pipe:
+            version_reply = pipe.get(keys.control("version"))
+            paused_reply = pipe.hgetall(keys.control("paused"))
+            engines_reply = pipe.hgetall(keys.control("engines"))
+            adapters_reply = pipe.hgetall(keys.control("adapters"))
+        raw_version = await version_reply
+        version = int(raw_version) if raw_version is not None else 0
+        if version <= self.applied_version and self.applied_version:
+            return
+        paused = _text(await paused_reply)
+        engines = _text(await engines_reply)
+        adapters = _text(await adapters_reply)
+        await self._apply(paused, engines, adapters)
+        self.applied_version = max(self.applied_version, version)
+        self._applied_event.set()
+        self._applied_event = trio.Event()
+
+    async def _apply(
+        self, paused: dict[str, str], engines: dict[str, str], adapters: dict[str, str]
+    ) -> None:
+        client = self._client
+        known = {info.url for info in client.engines.list()}
+        for url, op in engines.items():
+            if op == "add" and url not in known:
+                client.engines.add(url)
+                self._fleet.leases.adopt(url)
+        registered = client.adapters.list()
+        for name, path in adapters.items():
+            if path and registered.get(name) != path:
+                client.adapters.register(name, path)
+            elif not path and name in registered:
+                client.adapters.unregister(name)
+        known = {info.url for info in client.engines.list()}
+        want_all = paused.get(ALL)
+        want = {url: mode for url, mode in paused.items() if url != ALL and url in known}
+        if want_all is not None and not self._paused_all:
+            await client.pause(None, want_all)
+        newly = [url for url in want if url not in self._paused]
+        for mode in ("abort", "wait"):
+            urls = [u for u in newly if want[u] == mode]
+            if urls:
+                await client.pause(urls, mode)
+        if want_all is None and self._paused_all:
+            await client.resume(None)
+            # resume(None) resumed every engine: pause again the ones still listed.
+            if want:
+                await client.pause(list(want), "wait")
+        gone = [url for url in self._paused if url not in want and url in known]
+        if gone and (want_all is None):
+            await client.resume(gone)
+        self._paused_all = want_all is not None
+        self._paused = set(want)
+        for url, op in engines.items():
+            if op == "remove" and url in known:
+                client.engines.remove(url)
+
+
+def _text(mapping: dict[Any, Any]) -> dict[str, str]:
+    return {bytes(k).decode(): bytes(v).decode() for k, v in mapping.items()}
