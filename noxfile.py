@@ -19,7 +19,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "trioforward", "tests", "bench")
+    session.run("ruff", "check", "trioforward", "tests", "bench", "tools")
 
 
 @nox.session

@@ -1,6 +1,6 @@
 """trioforward: a Trio-based sampling gateway for reinforcement-learning trainers.
 
-Embedded use (DESIGN §1)::
+Embedded use (docs/design.md, "Two ways to use it")::
 
     async with trioforward.open_client(engines=["http://127.0.0.1:8001"]) as client:
         completion = await client.complete(model="base", prompt=[1, 2, 3], max_tokens=16)

@@ -1,5 +1,5 @@
 """``python -m trioforward`` is the ``trioforward`` command."""
 
-from trioforward.cli import main
+from trioforward._command import main
 
 main()

@@ -1,4 +1,4 @@
-"""Every knob of trioforward, with its default, unit and validation (DESIGN §4–6).
+"""Every knob of trioforward, with its default, unit and validation (docs/configuration.md).
 
 One frozen :class:`Settings` object is filled from (lowest to highest) the
 defaults below, a TOML file, ``TRIOFORWARD_<KNOB>`` environment variables and

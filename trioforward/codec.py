@@ -1,6 +1,6 @@
-"""Engine response bodies to arrays (DESIGN §2, codec).
+"""Engine response bodies to arrays (docs/design.md, "Layers").
 
-``decode_completion`` parses a vLLM ``/v1/completions`` body (engine_api.md) with
+``decode_completion`` parses a vLLM ``/v1/completions`` body (docs/compatibility.md, "vLLM engines") with
 orjson and turns the per-token lists into numpy arrays: token ids ``int32``,
 logprobs ``float32``. The gateway decodes once; the arrays are what trainers use.
 """

@@ -9,7 +9,7 @@ Every error carries:
 - ``.attempts``: how many upstream attempts were made (``0`` = none);
 - ``.engine``: the base URL of the engine of the last attempt, or ``None``.
 
-The gateway maps them to HTTP statuses (DESIGN §5): :attr:`TrioforwardError.status`.
+The gateway maps them to HTTP statuses (docs/server.md, "Errors"): :attr:`TrioforwardError.status`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class TrioforwardError(Exception):
         self.retry_after: int | None = None
 
     def to_json(self) -> dict[str, object]:
-        """The OpenAI-style error body of DESIGN §5."""
+        """The OpenAI-style error body (docs/server.md, "Errors")."""
         return {
             "error": {
                 "message": self.message,

@@ -1,4 +1,4 @@
-"""LoRA adapters loaded on demand, single-flight per (engine, adapter) (DESIGN §4)."""
+"""LoRA adapters loaded on demand, single-flight per (engine, adapter) (docs/dispatch.md, "LoRA adapters")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Dispatch-time deadlines and the QUEUED phase (DESIGN §4, Timeouts and Engine capacity)."""
+"""Dispatch-time deadlines and the QUEUED phase (docs/semantics.md, "Timeouts")."""
 
 from __future__ import annotations
 

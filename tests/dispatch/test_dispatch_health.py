@@ -1,4 +1,4 @@
-"""Health probes eject and re-admit engines; routing skips ejected ones (DESIGN §4, Health)."""
+"""Health probes eject and re-admit engines; routing skips ejected ones (docs/design.md, "Engines, capacity and routing")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Weight-update gating: pause/resume (DESIGN §4)."""
+"""Weight-update gating: pause/resume (docs/dispatch.md, "Pause and resume (weight updates)")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The retry decision table of DESIGN §4, as pure functions (no sockets)."""
+"""The retry decision table (docs/semantics.md, "Retries"), as pure functions (no sockets)."""
 
 from __future__ import annotations
 

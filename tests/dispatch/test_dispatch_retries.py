@@ -1,4 +1,4 @@
-"""One test per row of DESIGN §4's retry table, against the simulated engine.
+"""One test per row of the retry table (docs/semantics.md, "Retries"), against the simulated engine.
 
 Each asserts the engine-side attempt count (``engine.stats``), and the client
 helper asserts that no connection or capacity is left held (fds: ``fd_baseline``).

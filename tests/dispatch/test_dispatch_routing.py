@@ -1,4 +1,4 @@
-"""Routing against live engines: least-outstanding spreads, session is sticky (DESIGN §4)."""
+"""Routing against live engines: least-outstanding spreads, session is sticky (docs/dispatch.md, "Engines, capacity and routing")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The global retry budget stops retry storms (DESIGN §4)."""
+"""The global retry budget stops retry storms (docs/design.md, "Retry rules")."""
 
 from __future__ import annotations
 

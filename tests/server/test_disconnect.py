@@ -47,7 +47,7 @@ async def test_client_disconnect_aborts_the_engine_request(
                 assert first.startswith(b"HTTP/1.1 200")
         await client.aclose()
         started = trio.current_time()
-        with trio.fail_after(2):  # fail-safe; DESIGN §4 asks for < 200 ms
+        with trio.fail_after(2):  # fail-safe; docs/design.md, "The gateway server": closed at once
             await engine.stats.wait_for(lambda s: s.aborted == 1)
         elapsed = trio.current_time() - started
         await trio.testing.wait_all_tasks_blocked()

@@ -1,5 +1,5 @@
 """Error paths: 400 naming the field (nothing forwarded), 404/405/413, engine errors
-verbatim, dispatch errors as DESIGN §5 JSON, and a mid-stream failure."""
+verbatim, dispatch errors as JSON (docs/server.md, "Errors"), and a mid-stream failure."""
 
 from __future__ import annotations
 

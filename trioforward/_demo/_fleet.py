@@ -22,7 +22,7 @@ SIM_PREFILL_MS = 0.05
 SIM_LAZY_SECONDS = 0.5
 BASE_MODEL = "sim-base"
 # tinker://demo-run/sampler_weights/step-100 -> adapter "demo-run_step-100" at
-# <adapter_root>/demo-run/step-100 (issue 6's model_path resolution).
+# <adapter_root>/demo-run/step-100 (docs/tinker.md, "Models").
 ADAPTER_RUN = "demo-run"
 ADAPTER_NAME = "step-100"
 

@@ -1,4 +1,4 @@
-"""trioforward.dispatch: the dispatch core and the embedded client (DESIGN §4).
+"""trioforward.dispatch: the dispatch core and the embedded client (docs/dispatch.md).
 
 ::
 

@@ -1,7 +1,7 @@
-"""LoRA adapters: the name -> path registry and single-flight loading (DESIGN §4).
+"""LoRA adapters: the name -> path registry and single-flight loading (docs/dispatch.md, "LoRA adapters").
 
 An adapter known to the registry is loaded on an engine on demand with
-``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` (engine_api.md). Loads
+``POST /v1/load_lora_adapter {"lora_name", "lora_path"}`` (docs/compatibility.md, "vLLM engines"). Loads
 are single-flight per (engine, adapter): the first request that needs one starts
 it, every other request for the same pair waits on that load and shares its
 outcome. A 400 saying the adapter "has already been loaded" is success.

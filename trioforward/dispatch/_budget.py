@@ -1,4 +1,4 @@
-"""The global retry budget (DESIGN §4): retries are at most a fraction of requests.
+"""The global retry budget (docs/design.md, "Retry rules"): retries are at most a fraction of requests.
 
 A token bucket whose deposits expire, as Finagle's ``RetryBudget``: every request
 deposits ``ratio`` tokens, and ``floor`` tokens per second are always available;

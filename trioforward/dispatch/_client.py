@@ -1,4 +1,4 @@
-"""The embedded client: ``async with trioforward.open_client(...) as client`` (DESIGN §1).
+"""The embedded client: ``async with trioforward.open_client(...) as client`` (docs/embedding.md).
 
 The gateway server is a thin layer over this same object.
 """
@@ -41,7 +41,7 @@ PauseMode = Literal["wait", "abort"]
 
 
 class Client:
-    """Forwards requests to engines under DESIGN §4's rules. Create with :func:`open_client`."""
+    """Forwards requests to engines under the rules of docs/dispatch.md. Create with :func:`open_client`."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""Where, when and whether again: one request from QUEUED to its answer (DESIGN §4).
+"""Where, when and whether again: one request from QUEUED to its answer (docs/design.md, "Retry rules").
 
 ``Dispatcher.request`` (whole answer) and ``async with Dispatcher.stream(...)``
 (body read inside the block) share one attempt loop, ``_dispatch``. It routes a

@@ -1,7 +1,7 @@
 """The engine registry: one record per engine, its capacity limiter and its health.
 
 Each :class:`Engine` owns a ``trio.CapacityLimiter`` of ``engine_capacity``
-tokens. The limiter *is* the engine's queue (DESIGN §4): FIFO, parked tasks are
+tokens. The limiter *is* the engine's queue (docs/design.md, "Engines, capacity and routing"): FIFO, parked tasks are
 woken one by one as tokens come back, nothing rescans waiters. A request that
 finds no eligible engine at all (every engine paused or ejected) parks in the
 registry's own FIFO lot and is let go, in order, when one becomes eligible.
@@ -54,7 +54,7 @@ class EngineInfo:
 
 
 class Engine:
-    """One engine's record. Mutated only from trio tasks (no locks: see DESIGN §3)."""
+    """One engine's record. Mutated only from trio tasks (no locks: docs/design.md, "The connection pool")."""
 
     __slots__ = (
         "url",

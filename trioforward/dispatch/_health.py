@@ -1,4 +1,4 @@
-"""Health probes (DESIGN §4, Health): ``GET /health`` every ``health_interval``.
+"""Health probes (docs/design.md, "Engines, capacity and routing"): ``GET /health`` every ``health_interval``.
 
 One task per engine, in the client's nursery, on a pool of its own (unlimited
 connections) so that a saturated engine, whose forwarding connection slots are

@@ -45,7 +45,7 @@ class Reply:
 def gateway_error(
     exc: PoolError, engine: str | None, deadline: float, now: float
 ) -> TrioforwardError:
-    """The gateway error for a failed attempt that will not be retried (DESIGN §4/§5).
+    """The gateway error for a failed attempt that will not be retried (docs/semantics.md, "Errors and statuses").
 
     - a deadline (or read timeout) expiry, in any phase: :class:`DispatchTimeout` (504);
     - CONNECT failures: :class:`EngineConnectError` (502);

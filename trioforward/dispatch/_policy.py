@@ -1,4 +1,4 @@
-"""The retry rules of DESIGN §4 as pure functions: no I/O, no trio, no clock.
+"""The retry rules (docs/design.md, "Retry rules") as pure functions: no I/O, no trio, no clock.
 
 Every decision is a function of the facts one attempt produced — the phase it
 failed in, whether the connection was reused, how many response bytes arrived,
@@ -139,7 +139,7 @@ _MISSING_MARKERS = (b"does not exist", b"not found")
 
 
 def is_adapter_missing(status: int, body: bytes) -> bool:
-    """True if an engine answer means "this model is not loaded" (engine_api.md, Errors).
+    """True if an engine answer means "this model is not loaded" (docs/compatibility.md, "vLLM engines").
 
     vLLM answers 404 ``The model `NAME` does not exist.``; some versions answer
     400 with the same message. Only meaningful for a model that is an adapter.

@@ -1,4 +1,4 @@
-"""Choosing an engine (DESIGN §4, Routing). Pure functions over the engine list.
+"""Choosing an engine (docs/dispatch.md, "Engines, capacity and routing"). Pure functions over the engine list.
 
 Engine fleets are small (tens), so each pick is one O(engines) pass; nothing here
 looks at individual requests.

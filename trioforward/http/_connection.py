@@ -64,7 +64,7 @@ class Connection:
         self.socket.close()
 
     def is_readable(self) -> bool:
-        """The readability probe done on checkout (DESIGN §3).
+        """The readability probe done on checkout (docs/design.md, "The connection pool").
 
         An idle keep-alive connection has nothing to read; if it is readable the
         engine closed it (EOF), reset it, or sent bytes nobody asked for. One

@@ -1,7 +1,7 @@
 """Phases of one upstream attempt, and the errors the pool raises.
 
 This module imports no trio: classifying a failure into a phase is protocol
-logic, not I/O (DESIGN §2). The retry layer in ``trioforward.dispatch`` keys
+logic, not I/O (docs/design.md, "Layers"). The retry layer in ``trioforward.dispatch`` keys
 every decision on the three facts each error carries: the phase it failed in,
 whether the connection had served a request before (``reused``), and how many
 response bytes had arrived (``response_bytes``).
@@ -22,7 +22,7 @@ __all__ = [
 
 
 class Phase(enum.Enum):
-    """Where an attempt was when it failed (DESIGN §4).
+    """Where an attempt was when it failed (docs/design.md, "Phases").
 
     ``QUEUED`` belongs to the dispatch layer (waiting for engine capacity or a
     weight-update pause); the pool itself only ever reports the other four.

@@ -1,6 +1,6 @@
 """Which phase an attempt is in, and which :class:`PoolError` a failure becomes.
 
-Sans-IO (DESIGN §2): this module imports no trio. The I/O driver
+Sans-IO (docs/design.md, "Layers"): this module imports no trio. The I/O driver
 (:mod:`trioforward.http._connection`, :mod:`trioforward.http._pool`) moves an
 :class:`Attempt` through the phases and, when something goes wrong, asks it for
 the error to raise. Keeping the mapping here means the retry layer's contract

@@ -1,6 +1,6 @@
 """Pool bookkeeping: per-origin idle deques, connection slots and FIFO waiters.
 
-Bookkeeping is by counters and per-origin deques, never by scanning (DESIGN §3):
+Bookkeeping is by counters and per-origin deques, never by scanning (docs/design.md, "The connection pool"):
 
 - ``origin.idle`` is a deque of parked connections, oldest on the left. Release
   appends on the right; checkout pops on the right (newest first: the one least

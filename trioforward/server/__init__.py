@@ -1,5 +1,5 @@
 """The gateway server: the dispatch core behind an OpenAI-compatible, Tinker and
-admin HTTP API, served by Hypercorn's trio worker (DESIGN §5).
+admin HTTP API, served by Hypercorn's trio worker (docs/server.md).
 
 ``hypercorn -k trio "trioforward.server:create_app()"`` or ``trioforward serve``.
 """

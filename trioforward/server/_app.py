@@ -1,4 +1,4 @@
-"""``create_app()``: the gateway as a Quart-Trio app (DESIGN §5).
+"""``create_app()``: the gateway as a Quart-Trio app (docs/server.md).
 
 Lifetimes: at startup (``before_serving``) a task in the app's lifespan nursery
 opens the dispatch client and a server-lifetime nursery, publishes them as a
@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     logging.getLogger("trioforward").setLevel(settings.log_level.upper())
 
     app = QuartTrio("trioforward.server")
-    # DESIGN §5: a burst gateway must not cut long generations or big batches.
+    # docs/server.md, "Hypercorn and Quart settings the gateway makes": a burst gateway must not cut long generations or big batches.
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_size
     app.config["BODY_TIMEOUT"] = None
     app.config["RESPONSE_TIMEOUT"] = None

@@ -7,8 +7,7 @@ per request (``TaskGroup.spawn_app``), and reports a client that hung up as an
 moment the client leaves — the gateway cancels the forward so the engine aborts
 the generation — then needs a task per request parked on ``receive()`` just to
 see that message (~30 µs per request: a task, its nursery, and a ``Cancelled``
-unwinding through it at the end; docs/performance.md, "Gateway bursts: reading
-the numbers", item 4).
+unwinding through it at the end; docs/performance.md, "Private hooks").
 
 :class:`AppChannel` is that channel plus a hook: Hypercorn's side puts messages
 through :meth:`AppChannel.put`, which calls ``on_disconnect`` (when the app set

@@ -1,4 +1,4 @@
-"""Who may call what: client API keys and the admin token (DESIGN §5).
+"""Who may call what: client API keys and the admin token (docs/server.md, "Authentication").
 
 - ``/v1/*`` (OpenAI API): ``Authorization: Bearer <key>`` with a key from ``api_keys``.
 - ``/api/v1/*`` (Tinker API): ``X-API-Key: <key>`` (what the tinker SDK sends);

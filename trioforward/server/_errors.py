@@ -1,4 +1,4 @@
-"""JSON error bodies of the gateway (DESIGN §5), encoded once with orjson.
+"""JSON error bodies of the gateway (docs/server.md, "Errors"), encoded once with orjson.
 
 Gateway-made errors use the OpenAI shape ``{"error": {"message", "type", "code",
 ...}}``; dispatch failures use :meth:`TrioforwardError.to_json` (which adds
@@ -84,7 +84,7 @@ def error_body(
 
 
 def dispatch_error_body(error: TrioforwardError) -> bytes:
-    """DESIGN §5 body of a dispatch failure (with phase, attempts and engine)."""
+    """The JSON body of a dispatch failure (docs/server.md, "Errors") (with phase, attempts and engine)."""
     return orjson.dumps(error.to_json())
 
 

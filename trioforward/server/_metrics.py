@@ -1,4 +1,4 @@
-"""Prometheus metrics of one gateway (DESIGN §5), exposed as text on ``/metrics``.
+"""Prometheus metrics of one gateway (docs/server.md, "Metrics (`GET /metrics`)"), exposed as text on ``/metrics``.
 
 Two sources, one registry per app (so several apps in one process never share
 series):

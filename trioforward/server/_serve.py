@@ -1,4 +1,4 @@
-"""Running the app under Hypercorn's trio worker, programmatically (DESIGN §5).
+"""Running the app under Hypercorn's trio worker, programmatically (docs/server.md, "Starting it").
 
 The worker loop is Hypercorn's, with a listener that accepts in batches
 (``_worker.py``: why ``hypercorn.trio.serve`` itself overflows the accept queue

@@ -4,8 +4,7 @@
 with four changes, all about scheduler passes and system calls per request, which
 is what grows in cost when thousands of requests are in flight (each pass
 touches a task whose state is no longer in the CPU caches). Gains measured with
-``bench/gateway_burst.py`` (docs/performance.md, "Gateway bursts: reading the
-numbers", items 2-4):
+``bench/gateway_burst.py`` (docs/performance.md, "Private hooks"):
 
 - the keep-alive timer is the deadline of the connection's pending read, not a
   timer task per request (~50 µs per request saved at a burst of 64, ~95 at 8192);

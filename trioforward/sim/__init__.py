@@ -1,4 +1,4 @@
-"""A simulated vLLM-compatible engine with fault injection (issue 3, docs/sim.md).
+"""A simulated vLLM-compatible engine with fault injection (docs/sim.md).
 
 In process::
 

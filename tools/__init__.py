@@ -1,0 +1,1 @@
+"""Build tools of the repository (not shipped): ``python -m tools.gen_config_doc``."""
