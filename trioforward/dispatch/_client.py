@@ -32,8 +32,7 @@ from trioforward.dispatch._request import (
 from trioforward.dispatch._routing import stable_hash
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.errors import EngineRejected, TrioforwardError
-from trioforward.http import ConnectionPool, open_pool
-from trioforward.http._errors import Phase
+from trioforward.http import ConnectionPool, Phase, open_pool
 
 __all__ = ["Client", "open_client"]
 
