@@ -11,9 +11,10 @@ ROOT = Path(__file__).resolve().parents[1] / "trioforward"
 BELOW = {
     "http": set(),
     "dispatch": {"http"},
-    "server": {"dispatch", "http"},
+    "fleet": {"dispatch", "http"},
+    "server": {"fleet", "dispatch", "http"},
     "sim": {"http"},
-    "_demo": {"server", "dispatch", "http", "sim"},
+    "_demo": {"server", "fleet", "dispatch", "http", "sim"},
 }
 
 
