@@ -243,6 +243,13 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
     computed = sum(s["prompt_tokens_computed"] for s in stats)
     cached = sum(s["prompt_tokens_cached"] for s in stats)
     per_engine = [int(s["by_path"].get("/v1/completions", 0)) for s in stats]
+    # Slot time each engine spent on the workload by the timing model: prefill
+    # of the tokens it computed, decode of the answers (a close upper bound:
+    # some answers stop before max_tokens).
+    busy = [
+        (s["prompt_tokens_computed"] * args.prefill_ms + n * args.max_tokens * args.decode_ms) / 1e3
+        for s, n in zip(stats, per_engine, strict=True)
+    ]
     lat = sorted(run.latencies)
     # A closed loop keeps at most `peak` requests outstanding, so at every
     # placement the bound was at most ceil(1.25 * peak / n); an engine never
@@ -265,6 +272,7 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
         "p50_ms": 1e3 * lat[len(lat) // 2] if lat else None,
         "p99_ms": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
         "requests_per_engine": per_engine,
+        "busy_s_per_engine": [round(b, 3) for b in busy],
         "spread": max(per_engine) / (sum(per_engine) / len(per_engine)) if sum(per_engine) else None,
         "load_samples": len(samples),
         "peak_engine_load": peak_load,
@@ -275,7 +283,7 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
 # --- orchestration --------------------------------------------------------------------
 
 
-def _start_target(target: str, engines: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+def _start_target(target: str, engines: list[str], capacity: int) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     if target == "smg-cache_aware":
@@ -286,8 +294,11 @@ def _start_target(target: str, engines: list[str]) -> tuple[subprocess.Popen[byt
                 "cache_aware", "--log-level", "warn", "--worker-urls", *engines]
     else:
         routing = target.partition(":")[0]
+        # The gateway knows each engine's max_num_seqs (engine_capacity, as
+        # docs/configuration.md asks), so a burst queues at the gateway.
         args = [sys.executable, "-c", CLI, "serve", "--port", str(port), "--routing", routing,
                 "--prefix-load-factor", str(_load_factor(target)),
+                "--engine-capacity", str(capacity),
                 "--no-access-log", "--log-level", "warning"]
         for engine in engines:
             args += ["--engine", engine]
@@ -322,13 +333,13 @@ def run(args: Any) -> dict[str, Any]:
             _wait_ready(url, proc)
         for target in args.targets:
             try:
-                proc, url = _start_target(target, engines)
+                proc, url = _start_target(target, engines, args.gateway_capacity or args.capacity)
             except (RuntimeError, OSError) as exc:
                 skipped[target] = str(exc)
                 print(f"{target}: skipped ({exc})", file=sys.stderr, flush=True)
                 continue
             try:
-                for name in ("agentic", "grpo", "skewed"):
+                for name in args.workloads:
                     row = asyncio.run(_workload(name, target, url, engines, args))
                     print(json.dumps(row), file=sys.stderr, flush=True)
                     rows.append(row)
@@ -403,6 +414,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description="Prefix routing vs other routers on cached prefill.")
     p.add_argument("--engines", type=int, default=4)
     p.add_argument("--capacity", type=int, default=4, help="requests each engine runs at once")
+    p.add_argument("--gateway-capacity", type=int, default=0,
+                   help="trioforward's engine_capacity (default: --capacity, the engines' own)")
     p.add_argument("--prefill-ms", type=float, default=0.2, help="prefill per uncached token (ms)")
     p.add_argument("--decode-ms", type=float, default=2.0, help="per decode step (ms)")
     p.add_argument("--cache-tokens", type=int, default=1 << 16, help="prefix cache per engine")
@@ -420,9 +433,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--hot", type=int, default=1536, help="hot prefix (tokens)")
     p.add_argument("--tail", type=int, default=64, help="unique tail of a hot request (tokens)")
     p.add_argument("--targets", default=",".join(POLICIES))
+    p.add_argument("--workloads", default="agentic,grpo,skewed")
     p.add_argument("--out", default=str(RESULTS / "prefix_routing.json"))
     args = p.parse_args(argv)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     report = run(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

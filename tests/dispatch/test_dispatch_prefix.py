@@ -23,6 +23,7 @@ class FakeEngine:
         self.seed = stable_hash(name)
         self.eligible = True
         self.outstanding = 0
+        self.capacity = 0
 
     def __repr__(self) -> str:
         return self.url

@@ -141,9 +141,12 @@ class Dispatcher:
         waited = False
         unhealthy_since: float | None = None
         while True:
-            engine = self.router.pick(
-                registry.engines, session=req.session, avoid=avoid, prefix=req.prefix
-            )
+            engine = req.moved_to
+            req.moved_to = None
+            if engine is None or not engine.eligible:
+                engine = self.router.pick(
+                    registry.engines, session=req.session, avoid=avoid, prefix=req.prefix
+                )
             if engine is None:
                 if not registry.engines:
                     raise NoEngineAvailable("no engine is registered")
@@ -180,13 +183,13 @@ class Dispatcher:
                 req.evicted = False
                 scope = req.queue_scope = trio.CancelScope(deadline=queue_deadline)
                 engine.queued += 1
-                engine.waiters.add(req)
+                engine.waiters[req] = None
                 try:
                     with scope:
                         await limiter.acquire_on_behalf_of(req)
                 finally:
                     engine.queued -= 1
-                    engine.waiters.discard(req)
+                    engine.waiters.pop(req, None)
                     req.queue_scope = None
                 if scope.cancelled_caught:
                     if req.evicted:
@@ -195,6 +198,7 @@ class Dispatcher:
                         "engine capacity not available before queue_timeout", engine=engine.url
                     ) from None
             if engine.eligible:
+                req.moved_to = None  # moved too late: the token came first
                 return engine, (trio.current_time() if waited else now)
             # Became ineligible between the token hand-off and now.
             limiter.release_on_behalf_of(req)
@@ -279,6 +283,7 @@ class Dispatcher:
                             engine.calls.discard(req)
                             engine.limiter.release_on_behalf_of(req)
                             engine.call_finished()
+                            self._conserve(engine)
                             t0 = trio.current_time()
                             req.engine_time += t0 - start
                             self.engine_time_avg += 0.1 * (t0 - start - self.engine_time_avg)
@@ -292,6 +297,25 @@ class Dispatcher:
             raise self._hinted(req.stamp(req.aborted()))
         finally:
             self.outstanding -= 1
+
+    def _conserve(self, engine: Engine) -> None:
+        """Work conservation under ``routing = "prefix"`` (docs/dispatch.md): a slot
+        of ``engine`` that no request queued there takes goes to the request queued
+        last on the engine with the longest queue, if ``engine`` is within the load
+        bound. Requests with a session key stay where their session is."""
+        prefix = self.router.prefix
+        if prefix is None or not engine.eligible or engine.limiter.available_tokens < 1:
+            return
+        engines = self.registry.engines
+        donor = max(engines, key=lambda e: len(e.waiters))
+        if donor is engine or not donor.waiters or engine.outstanding >= prefix.room(engines):
+            return
+        for req in reversed(donor.waiters):
+            if req.session is None and not req.evicted and req.queue_scope is not None:
+                req.evicted = True
+                req.moved_to = engine
+                req.queue_scope.cancel()
+                return
 
     async def _queue(
         self, req: Request, avoid: Engine | None, queue_deadline: float, t0: float

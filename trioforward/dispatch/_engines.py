@@ -91,7 +91,7 @@ class Engine:
         self.consecutive_failures = 0
         self.consecutive_successes = 0
         self.calls: set[Request] = set()  # dispatched here (for abort)
-        self.waiters: set[Request] = set()  # parked in the limiter (for eviction)
+        self.waiters: dict[Request, None] = {}  # parked in the limiter, oldest first
         self._idle: trio.Event | None = None
         self.health_scope: trio.CancelScope | None = None
 

@@ -156,21 +156,30 @@ class PrefixRouter:
     def __len__(self) -> int:
         return len(self._table)
 
-    def pick(self, engines: Sequence[E], key: PrefixKey, avoid: E | None) -> E | None:
-        """The engine for ``key``, or ``None`` if none is eligible. ``avoid`` (an
-        engine that just failed) is chosen only if it is the sole eligible one."""
+    def room(self, engines: Sequence[Routable]) -> int:
+        """The load bound: an engine takes a request only while its outstanding
+        count is below ``ceil(load_factor * (m + 1) / n)`` (0 with no eligible engine)."""
         total = 0
         n = 0
         for e in engines:
             if e.eligible:
                 total += e.outstanding
                 n += 1
-        if n == 0:
+        return math.ceil(self.load_factor * (total + 1) / n) if n else 0
+
+    def pick(self, engines: Sequence[E], key: PrefixKey, avoid: E | None) -> E | None:
+        """The engine for ``key``, or ``None`` if none is eligible. ``avoid`` (an
+        engine that just failed) is chosen only if it is the sole eligible one."""
+        room = self.room(engines)
+        if room == 0:
             return None
-        room = math.ceil(self.load_factor * (total + 1) / n)
         chosen = self._remembered(key, avoid, room)
         if chosen is None:
             chosen = self._ranked(engines, key.anchor, avoid, room)
+        if chosen is not None and not _free(chosen):
+            # Work conservation: a request that would queue while another engine
+            # has a free slot (and room) goes there instead.
+            chosen = _spare(engines, key.anchor, avoid, room) or chosen
         if chosen is not None and key.chain and self.table_size:
             self._remember(key.chain[-1], chosen)
         return chosen  # type: ignore[return-value]
@@ -213,3 +222,20 @@ class PrefixRouter:
         table.move_to_end(h)
         if len(table) > self.table_size:
             table.popitem(last=False)
+
+
+def _free(engine: Routable) -> bool:
+    """``engine`` has a free slot: a request sent to it now runs without queueing."""
+    return engine.capacity <= 0 or engine.outstanding < engine.capacity
+
+
+def _spare(engines: Sequence[E], anchor: int, avoid: E | None, room: int) -> E | None:
+    """The first engine in ``anchor``'s preference order with a free slot and room."""
+    best: E | None = None
+    best_score = -1
+    for e in engines:
+        if e.eligible and e is not avoid and e.outstanding < room and _free(e):
+            score = rendezvous_score(anchor, e.seed)
+            if score > best_score:
+                best, best_score = e, score
+    return best

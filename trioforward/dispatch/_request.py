@@ -104,6 +104,7 @@ class Request:
         "scope",
         "queue_scope",
         "evicted",
+        "moved_to",
         "abort_reason",
         "phase",
         "attempts",
@@ -137,6 +138,7 @@ class Request:
         self.scope = trio.CancelScope()
         self.queue_scope: trio.CancelScope | None = None
         self.evicted = False
+        self.moved_to: Engine | None = None  # a free slot that took it from a queue
         self.abort_reason: str | None = None
         self.phase = Phase.QUEUED
         self.attempts = 0

@@ -43,6 +43,9 @@ class Routable(Protocol):
     @property
     def seed(self) -> int: ...  # stable 64-bit hash of its URL
 
+    @property
+    def capacity(self) -> int: ...  # requests it runs at once (0 = unlimited)
+
 
 def stable_hash(text: str) -> int:
     """A 64-bit hash that is the same in every process (``hash()`` is salted)."""
