@@ -190,13 +190,22 @@ async def _skewed(run: _Run, requests: int, concurrency: int, hot: int, tail: in
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _sample_loads(session: Any, engines: list[str], out: list[list[int]]) -> None:
+async def _sample_loads(session: Any, engines: list[str], gateway: str | None, out: list[list[int]]) -> None:
+    """Each engine's outstanding requests every 20 ms: running + queued on the
+    engine, plus queued for it at the gateway (``gateway``: trioforward's URL,
+    whose ``GET /admin/engines`` counts both; ``None`` for a router that queues
+    nothing, such as smg)."""
     while True:
-        loads = []
-        for url in engines:
-            async with session.get(url + "/sim/stats") as response:
-                stats = await response.json()
-            loads.append(int(stats["running"]) + int(stats["queued"]))
+        if gateway is not None:
+            async with session.get(gateway + "/admin/engines") as response:
+                listed = (await response.json())["engines"]
+            loads = [int(e["in_flight"]) + int(e["queued"]) for e in listed]
+        else:
+            loads = []
+            for url in engines:
+                async with session.get(url + "/sim/stats") as response:
+                    stats = await response.json()
+                loads.append(int(stats["running"]) + int(stats["queued"]))
         out.append(loads)
         await asyncio.sleep(0.02)
 
@@ -227,7 +236,8 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
         await _reset(session, engines)
         run = _Run(session, url, target == "session", args.max_tokens)
         samples: list[list[int]] = []
-        sampler = asyncio.ensure_future(_sample_loads(session, engines, samples))
+        gateway = None if target.startswith("smg") else url
+        sampler = asyncio.ensure_future(_sample_loads(session, engines, gateway, samples))
         start = time.perf_counter()
         try:
             if name == "agentic":

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from trioforward.dispatch._prefix import PrefixRouter, prefix_key, request_prefix_key
-from trioforward.dispatch._routing import Router, stable_hash
+from trioforward.dispatch._routing import Router, rendezvous_score, stable_hash
 
 
 class FakeEngine:
@@ -121,6 +121,30 @@ def test_a_continuation_follows_its_prompt() -> None:
         moved += fresh is not owner  # without the table some turns would move
     assert moved > 0
     assert 1 <= len(router) <= 9  # at most one entry per prompt
+
+
+def test_a_request_that_would_queue_takes_a_free_slot_within_the_bound() -> None:
+    engines = _engines(3)
+    key = prefix_key(_body(list(range(64))), 256)
+    assert key is not None
+    order = sorted(engines, key=lambda e: rendezvous_score(key.anchor, e.seed), reverse=True)
+    router = PrefixRouter(4.0, table_size=0)
+    # Unlimited capacity (engine_capacity 0): nothing queues, the first choice stays.
+    order[0].outstanding = 2
+    assert router.pick(engines, key, None) is order[0]
+    # Its 2 slots are full: the next choice with a free slot takes the request.
+    for e in engines:
+        e.capacity = 2
+    assert router.pick(engines, key, None) is order[1]
+    # No other slot is free: it queues on its choice.
+    order[1].outstanding = order[2].outstanding = 2
+    assert router.pick(engines, key, None) is order[0]
+    # A free slot at the bound is not taken: ceil(1.1 * (2 + 3 + 2 + 1) / 3) = 3.
+    order[1].outstanding, order[1].capacity = 3, 4
+    bounded = PrefixRouter(1.1, table_size=0)
+    assert bounded.pick(engines, key, None) is order[0]
+    order[2].outstanding = 0  # below it: ceil(1.1 * 6 / 3) = 3
+    assert bounded.pick(engines, key, None) is order[2]
 
 
 def test_bound_holds_under_a_hot_prefix() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import trio
+import trio.testing
 from dispatch_testing import COMPLETION, body, client_for, completions
 
 from trioforward.sim import open_engine
@@ -132,3 +134,46 @@ async def test_prefix_routing_keeps_groups_and_turns_on_one_engine(fd_baseline: 
             (await client.post(COMPLETION, json=body(prompt=[i] * 40))).engine for i in range(40)
         }
         assert spread == {e.url for e in engines}
+
+
+async def test_prefix_routing_is_work_conserving(fd_baseline: int) -> None:
+    # engine_capacity 1: one request runs per engine, the rest queue at the gateway.
+    # prefix_tokens 16: prompts sharing 16 leading ids prefer the same engine.
+    knobs = {"engine_capacity": 1, "prefix_load_factor": 4.0, "prefix_tokens": 16}
+    async with (
+        open_engine() as e1,
+        open_engine() as e2,
+        client_for(e1, e2, routing="prefix", **knobs) as client,
+    ):
+        by_url = {e1.url: e1, e2.url: e2}
+        for e in by_url.values():
+            e.prefill_stall(math.inf)  # decoding halts: requests stay in flight
+        done: dict[str, str] = {}
+
+        async def post(name: str, prompt: list[int]) -> None:
+            done[name] = (await client.post(COMPLETION, json=body(prompt=prompt))).engine
+
+        group = list(range(500, 564))
+        async with trio.open_nursery() as nursery:
+            # Another prompt with the group's anchor: it takes the group's engine.
+            nursery.start_soon(post, "other", group[:16] + list(range(900, 948)))
+            await trio.testing.wait_all_tasks_blocked()
+            first = next(e for e in by_url.values() if e.stats.running == 1)
+            # The group's first copy would queue behind "other" if that engine
+            # were its choice: it takes the free slot of the other engine.
+            nursery.start_soon(post, "copy 1", group)
+            await trio.testing.wait_all_tasks_blocked()
+            second = next(e for e in by_url.values() if e is not first)
+            assert second.stats.running == 1
+            # The second copy follows the first and queues: no slot is free.
+            nursery.start_soon(post, "copy 2", group)
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.statistics().queued == 1
+            # A slot frees on the first engine: it takes the queued copy at once,
+            # while the first copy still runs on the second engine.
+            first.end_stall()
+            with trio.fail_after(10):  # a hang guard only; the assertion is the order
+                await first.stats.wait_for(lambda s: s.by_path[COMPLETION] == 2 and s.running == 0)
+            assert second.stats.running == 1 and completions(second) == 1
+            second.end_stall()
+        assert done == {"other": first.url, "copy 1": second.url, "copy 2": first.url}
