@@ -89,6 +89,7 @@ class Client:
         content: bytes | None,
         headers: HeaderInput,
         session: str | None,
+        session_implied: bool = False,
     ) -> Request:
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/': {path!r}")
@@ -110,6 +111,8 @@ class Client:
                     model = name
                     is_adapter = self.adapters.is_adapter(name)
         key = session if session is not None else session_header
+        if session_implied and self._prefix_routing:
+            key = None  # not the caller's own key: the prompt routes
         session_hash = stable_hash(key) if key is not None and self._session_routing else None
         req = Request(method, path, pairs, content, model, is_adapter, session_hash)
         if self._prefix_routing and session_hash is None:
@@ -124,6 +127,7 @@ class Client:
         content: bytes | None = None,
         headers: HeaderInput = None,
         session: str | None = None,
+        session_implied: bool = False,
         on_dispatch: OnDispatch | None = None,
     ) -> ForwardResponse:
         """Forward ``POST path`` to an engine and return its answer, whatever its status.
@@ -131,7 +135,10 @@ class Client:
         ``json``: the parsed body (its ``"model"`` drives adapter loading);
         ``content``: the body bytes if already encoded (sent as is). ``headers``:
         forwarded, hop-by-hop ones dropped. ``session``: routing key (default: the
-        ``X-Session-ID`` header). Raises :class:`~trioforward.errors.TrioforwardError`
+        ``X-Session-ID`` header). ``session_implied``: that key is implied by the
+        API the request came through (a Tinker sample's sampling session and
+        sequence id), not sent by a client: ``routing = "prefix"`` routes by the
+        prompt instead (docs/dispatch.md, "Prefix routing"). Raises :class:`~trioforward.errors.TrioforwardError`
         subclasses for gateway-level failures (with ``.phase``, ``.attempts``,
         ``.engine``, ``.queue_time``, ``.engine_time``). Cancellation propagates
         at once; the upstream connection is closed so the engine aborts.
@@ -146,6 +153,7 @@ class Client:
             content=content,
             headers=headers,
             session=session,
+            session_implied=session_implied,
             on_dispatch=on_dispatch,
         )
 
@@ -158,10 +166,11 @@ class Client:
         content: bytes | None = None,
         headers: HeaderInput = None,
         session: str | None = None,
+        session_implied: bool = False,
         on_dispatch: OnDispatch | None = None,
     ) -> ForwardResponse:
         """As :meth:`post`, with any method (``GET /v1/models`` ...)."""
-        req = self._request(method, path, json, content, headers, session)
+        req = self._request(method, path, json, content, headers, session, session_implied)
         req.on_dispatch = on_dispatch
         reply = await self._dispatcher.request(req)
         return ForwardResponse(

@@ -97,6 +97,7 @@ class ScriptedClient:
         content: bytes | None = None,
         headers: Any = None,
         session: Any = None,
+        session_implied: bool = False,
     ) -> _Response:
         from trioforward.sim._generate import sample
 

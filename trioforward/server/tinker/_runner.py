@@ -101,6 +101,7 @@ async def run_sample(client: Any, job: SampleJob, metrics: Any = None) -> tuple[
             content=job.body,
             json={"model": job.model},
             headers=[("X-Session-ID", job.session), _HEADERS_CT],
+            session_implied=True,  # routing = "prefix" routes a sample by its prompt
         )
     except TrioforwardError as err:
         if metrics is not None:
