@@ -2,7 +2,7 @@
 
 Engines keep the KV of prompts they have computed (vLLM's automatic prefix
 caching, SGLang's radix cache), so a request is cheapest on the engine that
-already holds the longest prefix of its prompt. Two rules choose it:
+already holds the longest prefix of its prompt. Three rules choose it:
 
 1. **Continuation affinity (local, bounded).** A table remembers, for the last
    ``table_size`` prompts routed, the hash of the prompt's full blocks and the
@@ -21,7 +21,13 @@ already holds the longest prefix of its prompt. Two rules choose it:
    the outstanding total and ``n`` the eligible engines — no engine runs above
    ``load_factor`` times the mean, and some engine always has room.
 
-With ``table_size = 0`` only rule 2 applies and the choice is a pure function
+3. **Work conservation.** A request that would queue on the chosen engine
+   (no free slot: ``outstanding >= capacity``) while another engine with room
+   has a free slot goes to the first such engine in the anchor's order. The
+   other half — a slot that frees takes a request queued elsewhere — is the
+   dispatcher's (``Dispatcher._conserve``), since only it sees slots free.
+
+With ``table_size = 0`` only rules 2 and 3 apply and the choice is a pure function
 of the prompt, the engine list and the loads: every gateway of a fleet makes
 the same first choice for the same prompt, with no shared state. The table only
 adds affinity for continuations this process has seen; removing, pausing or
