@@ -9,6 +9,7 @@ message naming the knob.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -98,11 +99,27 @@ def serve(engine: tuple[str, ...], config_file: str | None, **flags: Any) -> Non
     in-flight requests for --shutdown-grace seconds and exit 0."""
     config_file = config_file or os.environ.get("TRIOFORWARD_CONFIG") or None
     settings = load_settings(config_file, engine, flags)
+    if settings.workers > 1:  # docs/fleet.md: one socket, N supervised workers
+        _configure_logging(settings, with_pid=True)
+        from trioforward.server._supervisor import supervise
+
+        raise SystemExit(supervise(settings))
+    run(settings)
+
+
+def _configure_logging(settings: Settings, *, with_pid: bool = False) -> None:
+    pid = " %(process)d" if with_pid else ""  # which worker of --workers N said it
     logging.basicConfig(
         level=settings.log_level.upper(),
         stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s{pid} %(name)s: %(message)s",
     )
+
+
+def run(settings: Settings, *, bind: str | None = None) -> None:
+    """Serve the gateway in this process until SIGTERM/SIGINT (``bind``: Hypercorn
+    bind, default ``host:port``; a worker of ``--workers N`` gets ``fd://N``)."""
+    _configure_logging(settings, with_pid=bind is not None)
     from trioforward.server._app import create_app
     from trioforward.server._serve import raise_open_files_limit, tune_gc
     from trioforward.server._serve import serve as serve_app
@@ -114,7 +131,7 @@ def serve(engine: tuple[str, ...], config_file: str | None, **flags: Any) -> Non
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(serve_app, app, settings)
+            binds = await nursery.start(functools.partial(serve_app, app, settings, bind=bind))
             log.info("listening on %s (open files limit %d)", " ".join(binds), nofile)
 
     try:
