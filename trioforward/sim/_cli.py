@@ -113,6 +113,13 @@ _SECONDS = click.FloatRange(min=0)
     show_default=True,
     help="Prefix cache block size in tokens (vLLM --block-size).",
 )
+@click.option(
+    "--kind",
+    type=click.Choice(["vllm", "sglang", "none"]),
+    default="vllm",
+    show_default=True,
+    help="Weight-update endpoints served: vLLM dev mode (/pause ...), SGLang (/pause_generation ...) or none.",
+)
 def sim_engine(
     host: str,
     port: int,
@@ -129,6 +136,7 @@ def sim_engine(
     adapter_load_seconds: float,
     prefix_cache_tokens: int,
     block_size: int,
+    kind: str,
 ) -> None:
     """Run a simulated vLLM-compatible engine (faults: POST /sim/faults; counters: GET /sim/stats)."""
     options = dict(
@@ -147,6 +155,7 @@ def sim_engine(
         adapter_load_seconds=adapter_load_seconds,
         prefix_cache_tokens=prefix_cache_tokens,
         block_size=block_size,
+        kind=kind,
     )
     if 0 < prefix_cache_tokens < block_size:
         raise click.BadParameter(

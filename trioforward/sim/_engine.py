@@ -42,6 +42,7 @@ from trioforward.sim._prefix_cache import (
     cache_outputs,
     prefill_tokens,
 )
+from trioforward.sim._rl import RLControl, Run, answer_aborted
 from trioforward.sim._stats import EngineStats
 from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
 
@@ -86,6 +87,7 @@ class SimEngine:
         backlog: int = 4096,
         prefix_cache_tokens: int = 0,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        kind: str = "vllm",
     ) -> None:
         if capacity < 0:
             raise ValueError("capacity must be >= 0 (0 = unlimited)")
@@ -125,6 +127,7 @@ class SimEngine:
         self._stall_until = -math.inf
         self._stall_slowdown = 1.0
         self._stall_changed = trio.Event()
+        self.rl = RLControl(kind, self.stats, self._wake_decoders)
         self._serving: trio.CancelScope | None = None
         self._stopped = trio.Event()
 
@@ -232,6 +235,7 @@ class SimEngine:
             self.prefill_ms_per_token <= 0
             and self.decode_ms_per_token <= 0
             and trio.current_time() >= self._stall_until
+            and not self.rl.paused
         )
 
     def prefill_stall(self, seconds: float, slowdown: float = math.inf) -> None:
@@ -259,6 +263,8 @@ class SimEngine:
             rate, horizon = 1.0, math.inf
             if now < self._stall_until:
                 rate, horizon = 1.0 / self._stall_slowdown, self._stall_until - now
+            if self.rl.frozen:  # a keep / in_place / retract pause: no progress until resume
+                rate, horizon = 0.0, math.inf
             if remaining <= 0 and rate > 0:
                 return
             need = remaining / rate if rate > 0 else math.inf
@@ -296,6 +302,9 @@ class SimEngine:
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
             return await ex.respond(200, _JSON, b"")
+        if path in self.rl.paths:
+            status, kind, answer = await self.rl.serve(path, method, request.target, body)
+            return await ex.respond(status, kind, answer)
         if path == "/sim/stats":
             return await ex.respond(200, _JSON, orjson.dumps(self.stats.snapshot()))
         if path == "/sim/faults":
@@ -365,11 +374,16 @@ class SimEngine:
                 await ex.end_stream(b"".join(stream_steps(gen, samples, rid, created)))
             else:
                 await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
+            self.rl.completed(self.rl.weight_version)
         else:
-            await self._timed_generation(ex, gen, rid, created)
+            await self.rl.generation(
+                rid,
+                lambda run: self._timed_generation(ex, gen, rid, created, run),
+                lambda run: answer_aborted(ex, gen, rid, created, run, self.decode_ms_per_token),
+            )
 
     async def _timed_generation(
-        self, ex: Exchange, gen: Generation, rid: str, created: int
+        self, ex: Exchange, gen: Generation, rid: str, created: int, run: Run
     ) -> None:
         stats = self.stats
         try:
@@ -389,12 +403,14 @@ class SimEngine:
             stats.changed()
             samples = gen.samples()
             await self._prefill(gen)
+            run.decode_start = trio.current_time()
             if gen.stream:
                 await ex.start_stream(200, _SSE)
                 steps = list(stream_steps(gen, samples, rid, created))
                 for step in steps[:-1]:
                     await self._decode(1)
                     await ex.send_chunk(step)
+                    run.decoded += 1
                 await self._decode(1)
                 cache_outputs(self.prefix_cache, gen, samples)
                 await ex.end_stream(steps[-1])
@@ -402,6 +418,7 @@ class SimEngine:
                 await self._decode(max((len(s.tokens) for s in samples), default=0))
                 cache_outputs(self.prefix_cache, gen, samples)
                 await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
+            self.rl.completed(run.version)
         finally:
             stats.running -= 1
             stats.changed()

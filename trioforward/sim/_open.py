@@ -34,6 +34,7 @@ class EngineOptions(TypedDict, total=False):
     backlog: int
     prefix_cache_tokens: int
     block_size: int
+    kind: str
 
 
 @asynccontextmanager
@@ -59,6 +60,9 @@ async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngi
       ``block_size``: its block size in tokens (default 16, as vLLM).
     - ``max_model_len``: the model length in tokens (None = unlimited): a longer
       prompt is refused with vLLM's 400, prompt + ``max_tokens`` beyond it is cut.
+    - ``kind``: which weight-update endpoints it serves: ``"vllm"`` (default: vLLM's
+      dev-mode ``/pause``, ``/resume``, ...), ``"sglang"`` (``/pause_generation``,
+      ``/continue_generation``, ...) or ``"none"`` (docs/sim.md, "Weight updates").
 
     On exit every connection is closed and background work is cancelled.
     Raises ``OSError`` if the port cannot be bound.

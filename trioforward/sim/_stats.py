@@ -35,6 +35,12 @@ class EngineStats:
     - ``prompt_tokens_computed`` / ``prompt_tokens_cached``: prompt tokens
       prefilled / found in the prefix cache (each prompt once, whatever ``n``;
       cached is always 0 without a prefix cache).
+    - weight updates (docs/sim.md): ``pauses``: ``Counter[mode]``; ``resumes``;
+      ``pause_aborted``: generations ended with ``finish_reason: "abort"`` (a pause in
+      mode abort, ``/abort_requests``); ``held``: generations waiting for resume now;
+      ``completed_by_version``: ``Counter[weight version]`` of generations answered in
+      full under one version (``"None"``: no version set); ``completed_mixed``: answered
+      in full after decoding under two versions (a keep pause across an update).
     - ``rejected``: answers injected by the ``reject`` fault;
       ``faults``: ``Counter[fault name]`` of every fault applied.
 
@@ -62,6 +68,12 @@ class EngineStats:
         self.adapter_unloads: Counter[str] = Counter()
         self.prompt_tokens_computed = 0
         self.prompt_tokens_cached = 0
+        self.pauses: Counter[str] = Counter()
+        self.resumes = 0
+        self.pause_aborted = 0
+        self.held = 0
+        self.completed_by_version: Counter[str] = Counter()
+        self.completed_mixed = 0
         self.rejected = 0
         self.faults: Counter[str] = Counter()
         self._waiters = 0
@@ -87,9 +99,9 @@ class EngineStats:
 
     def reset(self) -> None:
         """Zero every cumulative counter (gauges ``running``, ``queued``, ``connections_open`` kept)."""
-        keep = (self.running, self.queued, self.connections_open, self._waiters, self._changed)
+        keep = (self.running, self.queued, self.connections_open, self.held, self._waiters, self._changed)
         self.__init__()  # type: ignore[misc]
-        self.running, self.queued, self.connections_open, self._waiters, self._changed = keep
+        self.running, self.queued, self.connections_open, self.held, self._waiters, self._changed = keep
         self.peak_running, self.peak_queued = self.running, self.queued
         self.changed()
 
