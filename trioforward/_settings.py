@@ -21,6 +21,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 __all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES"]
 
 ROUTING_POLICIES = ("least-outstanding", "round-robin", "session", "prefix")
+ENGINE_KINDS = ("auto", "vllm", "sglang", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "TRIOFORWARD_"
 
@@ -74,6 +75,8 @@ class Settings:
     adapter_load_timeout: float = _knob(10.0, "timeout of one POST /v1/load_lora_adapter", "s", "adapters")
     adapter_max_attempts: int = _knob(6, "completion attempts while an adapter is being loaded", "attempts", "adapters")
     adapter_backoff_max: float = _knob(2.0, "largest backoff between adapter retries (0.1*2^k)", "s", "adapters")
+    engine_kind: str = _knob("auto", "weight-update endpoints of the engines: auto (detected at the first engine pause) | vllm | sglang | none (docs/operations.md)", "")
+    engine_control_timeout: float = _knob(30.0, "timeout of one engine pause/resume/version call (a pause in mode wait: dispatch_timeout)", "s")
     max_queued: int = _knob(262144, "outstanding requests beyond which new ones get 429; 0 = unlimited", "requests")
 
     # --- gateway server -------------------------------------------------------
@@ -109,6 +112,8 @@ class Settings:
             raise SettingsError("prefix_load_factor", self.prefix_load_factor, "must be >= 1")
         if self.prefix_tokens < 1:
             raise SettingsError("prefix_tokens", self.prefix_tokens, "must be >= 1")
+        if self.engine_kind not in ENGINE_KINDS:
+            raise SettingsError("engine_kind", self.engine_kind, f"must be one of {', '.join(ENGINE_KINDS)}")
         if self.log_level not in LOG_LEVELS:
             raise SettingsError("log_level", self.log_level, f"must be one of {', '.join(LOG_LEVELS)}")
         if not 0 < self.port < 65536:

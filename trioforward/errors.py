@@ -28,6 +28,7 @@ __all__ = [
     "NoEngineAvailable",
     "AdapterLoadError",
     "DispatchAborted",
+    "EngineControlError",
 ]
 
 
@@ -146,3 +147,10 @@ class DispatchAborted(TrioforwardError):
 
     status = 503
     code = "aborted"
+
+
+class EngineControlError(TrioforwardError):
+    """An engine refused or failed a weight-update call (pause, resume, weight
+    version: docs/operations.md); ``.engine`` names it. 502."""
+
+    code = "engine_control_failed"

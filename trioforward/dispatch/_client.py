@@ -18,6 +18,7 @@ from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._control import engine_models
 from trioforward.dispatch._dispatch import Dispatcher
+from trioforward.dispatch._engine_control import EngineControl
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._health import health_loop
@@ -31,12 +32,19 @@ from trioforward.dispatch._request import (
 )
 from trioforward.dispatch._routing import stable_hash
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
+from trioforward.dispatch._weights import (
+    WeightUpdates,
+    replaying_request,
+    replaying_stream,
+    version_label,
+)
 from trioforward.errors import EngineRejected, TrioforwardError
 from trioforward.http import ConnectionPool, Phase, open_pool
 
 __all__ = ["Client", "open_client"]
 
 PauseMode = Literal["wait", "abort"]
+EngineMode = Literal["keep", "retract", "wait", "abort"]
 
 
 class Client:
@@ -60,6 +68,13 @@ class Client:
         self._loader = AdapterLoader(self.adapters, control_pool, settings.adapter_load_timeout)
         self._dispatcher = Dispatcher(settings, self._registry, pool, self._loader)
         self._paused_all = False
+        control = EngineControl(
+            control_pool,
+            settings.engine_kind,
+            settings.engine_control_timeout,
+            settings.dispatch_timeout,
+        )
+        self.weights = WeightUpdates(self._registry, self._dispatcher, control)
         self._session_routing = settings.routing in ("session", "prefix")
         self._prefix_routing = settings.routing == "prefix"
         self.engines = Engines(self._registry, self._engine_added)
@@ -172,7 +187,8 @@ class Client:
         """As :meth:`post`, with any method (``GET /v1/models`` ...)."""
         req = self._request(method, path, json, content, headers, session, session_implied)
         req.on_dispatch = on_dispatch
-        reply = await self._dispatcher.request(req)
+        dispatcher = self._dispatcher
+        reply = await replaying_request(dispatcher, req)
         return ForwardResponse(
             reply.status,
             strip_response_headers(reply.headers),
@@ -182,6 +198,7 @@ class Client:
             req.queue_time,
             req.engine_time,
             tuple(req.retries) if req.retries else (),
+            version_label(req.weight_version, dispatcher.weight_version),
         )
 
     @asynccontextmanager
@@ -202,7 +219,7 @@ class Client:
         """
         req = self._request(method, path, json, content, headers, session)
         req.on_dispatch = on_dispatch
-        async with self._dispatcher.stream(req) as reply:
+        async with replaying_stream(self._dispatcher, req) as reply:
             yield ForwardStream(req, reply)
 
     async def complete(
@@ -299,39 +316,60 @@ class Client:
             return list(self._registry.engines)
         return [self._registry.get(url) for url in engines]
 
-    async def pause(self, engines: Iterable[str] | None = None, mode: PauseMode = "wait") -> None:
-        """Stop new dispatch to ``engines`` (default: all, including ones added later).
+    async def pause(
+        self,
+        engines: Iterable[str] | None = None,
+        mode: PauseMode = "wait",
+        *,
+        engine_mode: EngineMode | None = None,
+        replay: bool = False,
+    ) -> None:
+        """Stop new dispatch to ``engines`` (default: all, including ones added later),
+        and with ``engine_mode`` pause the engines themselves (docs/operations.md).
 
-        Requests keep arriving and wait in QUEUED, with no budget charged.
-        ``mode="wait"`` returns once the in-flight requests on those engines have
-        finished; ``mode="abort"`` cancels them (connection closed, so the engine
-        aborts; each caller gets :class:`DispatchAborted`) and returns once they
-        are gone. Raises ``KeyError`` for an unknown engine, ``ValueError`` for a
-        bad mode.
+        Requests keep arriving and wait in QUEUED, with no budget charged. Gate
+        only (no ``engine_mode``): ``mode="wait"`` returns once the in-flight
+        requests there finished; ``"abort"`` closes them and returns. With
+        ``engine_mode`` (``"keep"``, ``"retract"``, ``"wait"``, ``"abort"``) every
+        engine is paused too, at once, all or nothing. ``replay=True``: requests
+        a pause aborted run again, whole, after :meth:`resume`; otherwise each
+        caller gets :class:`DispatchAborted`.
+
+        Raises ``KeyError`` for an unknown engine, ``ValueError`` for a bad
+        mode, :class:`~trioforward.dispatch.EngineControlError` (naming the
+        engine) when an engine fails to pause — the others are then resumed.
         """
         if mode not in ("wait", "abort"):
             raise ValueError(f"pause mode must be 'wait' or 'abort', got {mode!r}")
         targets = self._targets(engines)
+        was_all = self._paused_all
         if engines is None:
             self._paused_all = True
-        for engine in targets:
-            self._registry.set_paused(engine, True)
-        if mode == "abort":
-            for engine in targets:
-                engine.abort_calls(
-                    f"engine {engine.url} was paused (mode=abort) for a weight update"
-                )
-        for engine in targets:
-            await engine.wait_idle()
+        try:
+            await self.weights.pause(targets, mode, engine_mode, replay)
+        except BaseException:
+            self._paused_all = was_all
+            raise
 
-    async def resume(self, engines: Iterable[str] | None = None) -> None:
-        """Let dispatch to ``engines`` (default: all) start again; waiting requests go in FIFO order."""
+    async def resume(
+        self, engines: Iterable[str] | None = None, *, weight_version: str | None = None
+    ) -> None:
+        """Resume the engines paused with an ``engine_mode`` (telling them
+        ``weight_version``), record ``weight_version`` (every later answer carries
+        it), then let dispatch start again; waiting requests go in FIFO order.
+        Raises ``ValueError`` for a bad version, :class:`EngineControlError` for an
+        engine that failed to resume (it stays paused; the others are resumed).
+        """
         targets = self._targets(engines)
         if engines is None:
             self._paused_all = False
-        for engine in targets:
-            self._registry.set_paused(engine, False)
+        await self.weights.resume(targets, weight_version)
         await trio.lowlevel.checkpoint()
+
+    @property
+    def weight_version(self) -> str | None:
+        """The weight version recorded by the last ``resume(weight_version=...)``."""
+        return self._dispatcher.weight_version
 
     @asynccontextmanager
     async def paused(

@@ -107,6 +107,8 @@ class Dispatcher:
         self.queued = 0
         self.retries: Counter[tuple[str, str]] = Counter()
         self.responses: Counter[tuple[str, int]] = Counter()
+        # Recorded by resume(weight_version=...); stamped on each request at dispatch.
+        self.weight_version: str | None = None
         # Moving mean (s) of one dispatch's engine time: for Retry-After hints.
         self.engine_time_avg = 0.0
 
@@ -269,6 +271,8 @@ class Dispatcher:
                         engine.calls.add(req)
                         req.engine = engine
                         req.dispatched_at = start
+                        req.weight_version = self.weight_version
+                        req.deadline, req.frozen_time = deadline, 0.0
                         try:
                             reply = await self._attempts(req, engine, deadline, stream)
                             if reply is not None:
@@ -363,6 +367,7 @@ class Dispatcher:
                         deadline=deadline,
                         read_timeout=self.read_timeout,
                         progress=req,
+                        extend=req.extended_deadline,
                     ).open()
                     req.phase = Phase.READ_BODY
                     status, headers, content = body.status, body.headers, b""
@@ -383,6 +388,7 @@ class Dispatcher:
                         deadline=deadline,
                         read_timeout=self.read_timeout,
                         progress=req,
+                        extend=req.extended_deadline,
                     )
                     status, headers, content = response.status, response.headers, response.content
             except PoolError as exc:
@@ -440,7 +446,7 @@ class Dispatcher:
                 # waiting for a health probe).
 
     def _on_error(self, req: Request, engine: Engine, exc: PoolError, deadline: float) -> Decision:
-        if trio.current_time() >= deadline:
+        if trio.current_time() >= req.extended_deadline():
             # Our own budget ran out (possibly while waiting for a connection slot):
             # not the engine's fault, so no health failure is recorded.
             return Decision(Action.FAIL, "dispatch_deadline")
@@ -477,4 +483,6 @@ class Dispatcher:
         return True
 
     def _error(self, req: Request, exc: PoolError, deadline: float) -> TrioforwardError:
+        # A keep pause moved the deadline (docs/operations.md): judge by the moved one.
+        deadline = max(deadline, req.extended_deadline())
         return gateway_error(exc, req.engine_url, deadline, trio.current_time())

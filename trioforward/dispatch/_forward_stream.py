@@ -32,6 +32,7 @@ class ForwardStream:
         "attempts",
         "queue_time",
         "retries",
+        "weight_version",
         "_req",
         "_reply",
     )
@@ -43,6 +44,7 @@ class ForwardStream:
         self.attempts = req.attempts
         self.queue_time = req.queue_time
         self.retries = tuple(req.retries) if req.retries else ()
+        self.weight_version = req.weight_version  # at dispatch (docs/operations.md)
         self._req = req
         self._reply = reply
 

@@ -7,6 +7,7 @@ and where attempts, phases and times accumulate for errors and statistics.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
@@ -115,6 +116,13 @@ class Request:
         "retries",
         "counts",
         "on_dispatch",
+        "streaming",
+        "handed_over",
+        "replay",
+        "deadline",
+        "frozen_since",
+        "frozen_time",
+        "weight_version",
     )
 
     def __init__(
@@ -149,12 +157,37 @@ class Request:
         self.retries: list[tuple[str, str]] | None = None
         self.counts: RetryCounts | None = None
         self.on_dispatch: OnDispatch | None = None
+        # Weight updates (dispatch/_weights.py): a stream / its head went to the
+        # caller; None, or whether an engine pause that ended it asked for a
+        # replay; frozen on a keep-paused engine since (trio clock) / for (s);
+        # the weight version when it was dispatched.
+        self.streaming = False
+        self.handed_over = False
+        self.replay: bool | None = None
+        self.deadline = math.inf  # the dispatch deadline on its current engine
+        self.frozen_since: float | None = None
+        self.frozen_time = 0.0
+        self.weight_version: str | None = None
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""
         if self.abort_reason is None:
             self.abort_reason = reason
         self.scope.cancel()
+
+    def extended_deadline(self) -> float:
+        """The dispatch deadline moved by the time this request was frozen on a
+        keep-paused engine (so far, if it still is): the pool's ``extend`` hook."""
+        frozen = self.frozen_time
+        if self.frozen_since is not None:
+            frozen += trio.current_time() - self.frozen_since
+        return self.deadline + frozen
+
+    def rearm(self) -> None:
+        """Ready a request an engine pause ended for its replay (a fresh cancel scope)."""
+        self.scope = trio.CancelScope()
+        self.abort_reason = None
+        self.replay = None
 
     @property
     def engine_url(self) -> str | None:

@@ -21,7 +21,9 @@ class ForwardResponse:
     that answered; ``attempts``: upstream attempts made (>= 1); ``queue_time``:
     seconds in ``QUEUED``; ``engine_time``: seconds from dispatch (capacity
     acquired) to the complete answer, summed over engines; ``retries``: the
-    ``(phase, reason)`` of each retry, in order.
+    ``(phase, reason)`` of each retry, in order; ``weight_version``: the weight
+    version that produced it (``"a, b"`` when a keep pause spanned an update;
+    ``None`` before any version was recorded; docs/operations.md).
     """
 
     status: int
@@ -32,6 +34,7 @@ class ForwardResponse:
     queue_time: float
     engine_time: float
     retries: tuple[tuple[str, str], ...] = ()
+    weight_version: str | None = None
 
     def json(self) -> Any:
         """The body parsed with orjson (raises ``orjson.JSONDecodeError``)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import h11
@@ -96,6 +96,7 @@ class ConnectionPool:
         deadline: float = _inf,
         read_timeout: float | None = None,
         progress: PhaseSink | None = None,
+        extend: Callable[[], float] | None = None,
     ) -> Response:
         """Send one request and read the whole response.
 
@@ -113,6 +114,10 @@ class ConnectionPool:
             progress: if given, its ``phase`` is set to the phase the attempt
                 was in when it ended by cancellation (a :class:`PoolError`
                 carries its own ``.phase``); untouched while still in CONNECT.
+            extend: asked, when ``deadline`` passes while waiting for response
+                bytes, for the deadline now in force; a later one is waited
+                for instead of failing (a request frozen on a paused engine:
+                docs/operations.md). Called only then: nothing on the fast path.
 
         Returns a :class:`Response` (any status). Raises :class:`PoolError`
         subclasses with ``.phase``, ``.reused``, ``.response_bytes``;
@@ -182,6 +187,11 @@ class ConnectionPool:
                             with trio.CancelScope(deadline=limit) as scope:
                                 await _wait_readable(fd)
                             if scope.cancelled_caught:
+                                if what == "deadline" and extend is not None:
+                                    later = extend()
+                                    if later > deadline:
+                                        deadline = later
+                                        continue
                                 raise Attempt(origin.spec, phase, reused, received).timeout(what)
                         try:
                             got = _read(fd, RECEIVE_SIZE)
@@ -234,6 +244,7 @@ class ConnectionPool:
         deadline: float = _inf,
         read_timeout: float | None = None,
         progress: PhaseSink | None = None,
+        extend: Callable[[], float] | None = None,
     ) -> StreamContext:
         """``async with pool.stream(...) as response:`` — same arguments as :meth:`request`.
 
@@ -252,6 +263,7 @@ class ConnectionPool:
             deadline,
             read_timeout,
             progress,
+            extend,
         )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -10,7 +10,7 @@ import h11
 import trio
 
 from trioforward.http._connection import Connection
-from trioforward.http._errors import Phase
+from trioforward.http._errors import Phase, PoolTimeout
 from trioforward.http._h11_hooks import header_list
 from trioforward.http._models import Target
 from trioforward.http._phases import Attempt, PhaseSink
@@ -60,7 +60,12 @@ class StreamResponse:
             try:
                 event = h.next_event()
                 if event is h11.NEED_DATA:
-                    data = await conn.receive(ctx.deadline, ctx.read_timeout, attempt, False)
+                    try:
+                        data = await conn.receive(ctx.deadline, ctx.read_timeout, attempt, False)
+                    except PoolTimeout:
+                        if ctx.extended():
+                            continue
+                        raise
                     attempt.response_bytes += len(data)
                     h.receive_data(data)
                     continue
@@ -101,6 +106,7 @@ class StreamContext:
         "content",
         "deadline",
         "read_timeout",
+        "extend",
         "attempt",
         "conn",
         "response",
@@ -118,6 +124,7 @@ class StreamContext:
         deadline: float,
         read_timeout: float | None,
         progress: PhaseSink | None = None,
+        extend: Callable[[], float] | None = None,
     ) -> None:
         self.slots = slots
         self.origin = origin
@@ -127,10 +134,22 @@ class StreamContext:
         self.content = content
         self.deadline = deadline
         self.read_timeout = read_timeout
+        self.extend = extend
         self.attempt = Attempt(origin.spec)
         self.conn: Connection | None = None
         self.response: StreamResponse | None = None
         self.progress = progress
+
+    def extended(self) -> bool:
+        """After a timeout: True if the deadline had passed and ``extend`` moved it
+        later (see :meth:`ConnectionPool.request`), so the wait goes on."""
+        if self.extend is None or trio.current_time() < self.deadline:
+            return False  # no hook, or the read timeout fired
+        later = self.extend()
+        if later <= self.deadline:
+            return False
+        self.deadline = later
+        return True
 
     def abandon(self) -> None:
         """Close the connection and give its slot back (idempotent)."""
@@ -163,7 +182,12 @@ class StreamContext:
             while True:
                 event = h.next_event()
                 if event is h11.NEED_DATA:
-                    data = await conn.receive(deadline, self.read_timeout, attempt, first)
+                    try:
+                        data = await conn.receive(self.deadline, self.read_timeout, attempt, first)
+                    except PoolTimeout:
+                        if self.extended():
+                            continue
+                        raise
                     first = False
                     attempt.response_bytes += len(data)
                     h.receive_data(data)

@@ -287,6 +287,7 @@ class Outcome:
         "engine_time",
         "error",
         "complete",
+        "version",
     )
 
     def __init__(self, route: str, method: str = "POST") -> None:
@@ -299,6 +300,7 @@ class Outcome:
         self.engine_time: float | None = None
         self.error: str | None = None
         self.complete = False  # the last body message is being sent
+        self.version: str | None = None  # X-Weight-Version of the answer
 
     def dispatching(self, engine: str, attempts: int, queue_time: float) -> None:
         """An attempt starts (``Client.post``'s ``on_dispatch``)."""
@@ -336,10 +338,11 @@ class Outcome:
                 self.status,
                 queue_time=self.queue_time if dispatched else None,
                 engine_time=self.engine_time if dispatched else None,
+                weight_version=self.version,
             )
         if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(
-                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s",
+                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s%s",
                 self.method,
                 self.route,
                 self.status,
@@ -348,4 +351,5 @@ class Outcome:
                 self.queue_time,
                 self.engine_time or 0.0,
                 f" error={self.error}" if self.error else "",
+                f" version={self.version.replace(' ', '')}" if self.version else "",
             )

@@ -40,6 +40,8 @@ _VALIDATE = {
 # key above all) stays at the gateway.
 _FORWARDED = frozenset({b"x-request-id", b"x-session-id", b"traceparent", b"tracestate"})
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+# The weight version that produced an answer (docs/operations.md, "Weight versions").
+_VERSION = b"x-weight-version"
 
 
 def _start(call: Call) -> Awaitable[None]:
@@ -79,13 +81,11 @@ async def _forward(
     log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
     log.status = response.status
     log.complete = True
-    await respond(
-        send,
-        response.status,
-        response.content,
-        _content_type(response.headers),
-        passed_on(response.headers),
-    )
+    extra = passed_on(response.headers)
+    version = log.version = response.weight_version
+    if version is not None:
+        extra = (*extra, (_VERSION, version.encode()))
+    await respond(send, response.status, response.content, _content_type(response.headers), extra)
 
 
 async def _relay_stream(
@@ -116,6 +116,9 @@ async def _relay_stream(
                 await respond(send, fs.status, content, _content_type(fs.headers), extra)
                 return
             extra = passed_on(fs.headers)
+            version = log.version = fs.weight_version  # at dispatch: docs/operations.md
+            if version is not None:
+                extra = (*extra, (_VERSION, version.encode()))
             head = [*_SSE, *extra] if extra else _SSE
             await send({"type": "http.response.start", "status": fs.status, "headers": head})
             head_sent = True

@@ -28,7 +28,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 if TYPE_CHECKING:
     from trioforward.dispatch import Client
 
-__all__ = ["Metrics", "CONTENT_TYPE_LATEST"]
+__all__ = ["Metrics", "CONTENT_TYPE_LATEST", "MAX_VERSION_LABELS"]
+
+MAX_VERSION_LABELS = 8
 
 # Queue waits run from microseconds (idle fleet) to many minutes (engines saturated
 # by a burst); engine times from milliseconds to the 2048 s dispatch deadline.
@@ -66,6 +68,14 @@ class Metrics:
             ["route", "code"],
             registry=self.registry,
         )
+        self._versions = Counter(
+            "trioforward_weight_version_requests",
+            "Answers by the weight version that produced them (X-Weight-Version; the "
+            f"{MAX_VERSION_LABELS} most recent versions are kept)",
+            ["weight_version"],
+            registry=self.registry,
+        )
+        self._version_children: dict[str, Any] = {}  # insertion order = age
         # labels() takes a lock and builds a tuple each call: cache the children.
         self._children: dict[tuple[str, int], Any] = {}
         self.registry.register(_ClientCollector(client_getter))
@@ -77,8 +87,10 @@ class Metrics:
         *,
         queue_time: float | None = None,
         engine_time: float | None = None,
+        weight_version: str | None = None,
     ) -> None:
-        """Count one finished request; times in seconds (``None`` = not dispatched)."""
+        """Count one finished request; times in seconds (``None`` = not dispatched);
+        ``weight_version``: the answer's ``X-Weight-Version`` (``None``: none)."""
         key = (route, status)
         child = self._children.get(key)
         if child is None:
@@ -88,6 +100,21 @@ class Metrics:
             self._queue_wait.observe(queue_time)
         if engine_time is not None and engine_time > 0:
             self._engine_time.observe(engine_time)
+        if weight_version is not None:
+            self._count_version(weight_version)
+
+    def _count_version(self, version: str) -> None:
+        children = self._version_children
+        child = children.get(version)
+        if child is None:
+            # Bounded labels: a new version retires the oldest series beyond the
+            # limit (a trainer makes one version per step, for days).
+            while len(children) >= MAX_VERSION_LABELS:
+                oldest = next(iter(children))
+                del children[oldest]
+                self._versions.remove(oldest)
+            child = children[version] = self._versions.labels(version)
+        child.inc()
 
     def stream_error(self, route: str, code: str) -> None:
         """Count a stream ended by an error event (its request is counted as a 200)."""

@@ -6,11 +6,16 @@ Admin API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
   "queued", "capacity", "consecutive_failures"}]}``
 - ``POST /admin/engines {"url"}`` adds an engine; ``DELETE /admin/engines {"url"}``
   (or ``?url=``) removes it (its in-flight requests are aborted by the dispatch core).
-- ``POST /admin/pause {"engines": [url, ...] | null, "mode": "wait" | "abort"}``:
-  stops new dispatch (requests wait in QUEUED, no budget charged); answers once
-  in-flight requests have finished (``wait``) or been aborted (``abort``) — so a
-  trainer may update weights as soon as it returns. ``POST /admin/resume
-  {"engines": [...] | null}`` releases the queue in FIFO order.
+- ``POST /admin/pause {"engines": [url, ...] | null, "mode": "wait" | "abort",
+  "engine_mode": "keep" | "retract" | "wait" | "abort" | null, "replay": bool}``:
+  stops new dispatch (requests wait in QUEUED, no budget charged) and, with
+  ``engine_mode``, pauses the engines themselves (all or nothing: 502
+  ``engine_control_failed`` naming the engine that failed); answers once the
+  mode's promise holds — so a trainer may update weights as soon as it returns.
+  ``POST /admin/resume {"engines": [...] | null, "weight_version": str | null}``
+  resumes the engines, records the version, then releases the queue in FIFO
+  order. Both answer the engine list plus ``weight_version`` and
+  ``engine_pauses`` (docs/operations.md).
 - ``GET/POST/DELETE /admin/adapters``: ``{"name", "path", "parent"?}`` registers a
   LoRA adapter the gateway loads on demand.
 
@@ -31,6 +36,8 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward._engine_url import EngineURLError, engine_url
+from trioforward.dispatch._engine_control import ENGINE_MODES
+from trioforward.errors import EngineControlError
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
 from trioforward.server._state import GatewayState, get_state
@@ -109,6 +116,28 @@ def _engines_json(state: GatewayState) -> dict[str, Any]:
     if state.fleet is not None:  # fleet mode: totals over every member, and each member
         body["fleet"] = state.fleet.summary()
     return body
+
+
+def _weights_json(state: GatewayState) -> dict[str, Any]:
+    weights = state.client.weights
+    pauses = {
+        url: {"kind": p.kind, "engine_mode": p.mode} for url, p in weights.engine_pauses.items()
+    }
+    return {**_engines_json(state), "weight_version": weights.version, "engine_pauses": pauses}
+
+
+def _not_in_fleet(what: str) -> RequestError:
+    return RequestError(
+        501,
+        f"{what} are not fleet-wide yet: in fleet mode pause and resume gate every member "
+        "only (docs/operations.md, \"Fleet mode\")",
+        type="server_error",
+        code="not_implemented",
+    )
+
+
+def _good_version(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 128 and value.isascii() and value.isprintable()
 
 
 def install_routes(app: QuartTrio) -> None:
@@ -194,22 +223,46 @@ def install_routes(app: QuartTrio) -> None:
         mode = data.get("mode", "wait")
         if mode not in ("wait", "abort"):
             raise bad_request('\'mode\' must be "wait" or "abort"', "mode")
+        engine_mode = data.get("engine_mode")
+        if engine_mode is not None and engine_mode not in ENGINE_MODES:
+            modes = ", ".join(f'"{m}"' for m in ENGINE_MODES)
+            raise bad_request(f"'engine_mode' must be null or one of {modes}", "engine_mode")
+        replay = data.get("replay", False)
+        if not isinstance(replay, bool):
+            raise bad_request("'replay' must be true or false", "replay")
         engines = _known_engines(state, data)
         if state.fleet is not None:
+            if engine_mode is not None or replay:
+                raise _not_in_fleet("engine_mode and replay")
             await _fleet_wide(state.fleet.control.pause(engines, mode))
-        else:
-            await state.client.pause(engines=engines, mode=mode)
-        return _json(_engines_json(state))
+            return _json(_weights_json(state))
+        try:
+            await state.client.pause(engines, mode, engine_mode=engine_mode, replay=replay)
+        except EngineControlError as err:
+            return _json(err.to_json(), err.status)
+        return _json(_weights_json(state))
 
     @app.post("/admin/resume")
     async def resume() -> Response:
         state = get_state()
-        engines = _known_engines(state, await _body())
+        data = await _body()
+        version = data.get("weight_version")
+        if version is not None and not _good_version(version):
+            raise bad_request(
+                "'weight_version' must be printable ASCII of 1..128 characters",
+                "weight_version",
+            )
+        engines = _known_engines(state, data)
         if state.fleet is not None:
+            if version is not None:
+                raise _not_in_fleet("weight_version")
             await _fleet_wide(state.fleet.control.resume(engines))
-        else:
-            await state.client.resume(engines=engines)
-        return _json(_engines_json(state))
+            return _json(_weights_json(state))
+        try:
+            await state.client.resume(engines, weight_version=version)
+        except EngineControlError as err:
+            return _json(err.to_json(), err.status)
+        return _json(_weights_json(state))
 
     @app.get("/admin/adapters")
     async def list_adapters() -> Response:

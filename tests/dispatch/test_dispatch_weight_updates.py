@@ -1,0 +1,282 @@
+"""Weight updates: engine pause modes, replay, weight versions (docs/operations.md)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+from dispatch_testing import COMPLETION, body, client_for
+
+from trioforward.dispatch import ForwardResponse
+from trioforward.errors import DispatchAborted, EngineControlError, TrioforwardError
+from trioforward.sim import expected_tokens, open_engine
+
+PROMPT = [1, 2, 3]
+
+
+def gen(max_tokens: int = 10) -> dict[str, object]:
+    return body(prompt=PROMPT, max_tokens=max_tokens, seed=3, return_token_ids=True)
+
+
+async def post_into(client: object, out: list[ForwardResponse], **kw: object) -> None:
+    out.append(await client.post(COMPLETION, json=gen(), **kw))  # type: ignore[attr-defined]
+
+
+async def test_keep_freezes_in_flight_and_answers_name_both_versions(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(post_into, client, results)
+            await engine.stats.wait_for(lambda s: s.running == 4)
+            await trio.sleep(0.5)
+            await client.pause(engine_mode="keep")  # returns at once: nothing to wait for
+            assert client.statistics().in_flight == 4 and engine.rl.paused
+            await trio.sleep(60)  # the weight update
+            assert results == []
+            await client.resume(weight_version="v2")
+        assert [r.status for r in results] == [200] * 4
+        for r in results:
+            assert r.json()["choices"][0]["token_ids"] == expected_tokens(
+                "sim-base", PROMPT, 3, 0, 10
+            )
+            assert r.weight_version == "none, v2"  # decoded under both: the mode says so
+        assert engine.stats.pauses == {"keep": 1} and engine.stats.resumes == 1
+        assert engine.stats.completed_mixed == 4 and engine.rl.weight_version == "v2"
+        assert client.weight_version == "v2"
+        after = await client.post(COMPLETION, json=gen())
+        assert after.weight_version == "v2"
+
+
+async def test_abort_with_replay_gives_every_caller_one_whole_answer_from_new_weights(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(post_into, client, results)
+            await engine.stats.wait_for(lambda s: s.running == 4)
+            await trio.sleep(0.5)
+            await client.pause(engine_mode="abort", replay=True)
+            # The engine ended all four (finish_reason "abort"); none reached a caller.
+            assert engine.stats.pause_aborted == 4 and results == []
+            stats = client.statistics()
+            assert stats.in_flight == 0 and stats.queued == 4
+            await client.resume(weight_version="v2")
+        assert [r.status for r in results] == [200] * 4
+        for r in results:
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "length"
+            assert choice["token_ids"] == expected_tokens("sim-base", PROMPT, 3, 0, 10)
+            assert r.weight_version == "v2" and r.attempts == 2
+        assert engine.stats.completed_by_version == {"v2": 4}
+        assert engine.stats.by_path[COMPLETION] == 8  # each ran twice, once whole
+
+
+async def test_abort_without_replay_fails_callers_and_never_hands_out_the_partial_answer(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        errors: list[DispatchAborted] = []
+
+        async def one() -> None:
+            with pytest.raises(DispatchAborted) as info:
+                await client.post(COMPLETION, json=gen())
+            errors.append(info.value)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 3)
+            await client.pause(engine_mode="abort")
+        assert len(errors) == 3 and all(e.status == 503 and e.engine == engine.url for e in errors)
+        assert engine.stats.pause_aborted == 3
+        await client.resume()
+
+
+async def test_abort_replays_what_the_engine_did_not_end(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # An engine that ignores the abort (vLLM 0.32 was seen to finish such
+    # requests): the gateway closes them itself and replays them.
+    async with (
+        open_engine(decode_ms_per_token=100, kind="none") as engine,
+        client_for(engine) as client,
+    ):
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):
+                nursery.start_soon(post_into, client, results)
+            await engine.stats.wait_for(lambda s: s.running == 2)
+            await client.pause(engine_mode="abort", replay=True)
+            await engine.stats.wait_for(lambda s: s.aborted == 2)  # connections closed
+            await client.resume(weight_version="v9")
+        assert [r.weight_version for r in results] == ["v9", "v9"]
+        assert all(r.json()["choices"][0]["finish_reason"] == "length" for r in results)
+
+
+async def test_wait_returns_once_the_engines_drained(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(post_into, client, results)
+            await engine.stats.wait_for(lambda s: s.running == 3)
+            await client.pause(engine_mode="wait")
+            assert len(results) == 3 and client.statistics().in_flight == 0
+            assert engine.stats.pauses == {"wait": 1}
+            nursery.start_soon(post_into, client, results)  # waits behind the gate
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.statistics().queued == 1
+            await client.resume(weight_version="v2")
+        assert [r.weight_version for r in results] == [None, None, None, "v2"]
+
+
+async def test_a_failing_engine_pause_resumes_the_others_and_names_it(fd_baseline: int) -> None:
+    async with (
+        open_engine() as good,
+        open_engine(kind="sglang") as bad,  # no /pause: vLLM's call gets 404
+        client_for(good, bad, engine_kind="vllm") as client,
+    ):
+        with pytest.raises(EngineControlError) as info:
+            await client.pause(engine_mode="keep")
+        assert info.value.engine == bad.url and bad.url in str(info.value)
+        assert "404" in str(info.value)
+        assert good.stats.pauses == {"keep": 1} and good.stats.resumes == 1
+        assert not good.rl.paused
+        assert [e.paused for e in client.engines.list()] == [False, False]  # gate open again
+        assert client.weights.engine_pauses == {}
+        assert (await client.post(COMPLETION, json=gen())).status == 200
+
+
+async def test_engine_kinds_are_detected_and_an_engine_without_endpoints_is_gated_only(
+    fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with (
+        open_engine() as vllm,
+        open_engine(kind="sglang") as sglang,
+        open_engine(kind="none") as plain,
+        client_for(vllm, sglang, plain) as client,
+    ):
+        with caplog.at_level(logging.WARNING, logger="trioforward.dispatch"):
+            await client.pause(engine_mode="keep")
+        pauses = client.weights.engine_pauses
+        assert {url: p.kind for url, p in pauses.items()} == {
+            vllm.url: "vllm",
+            sglang.url: "sglang",
+            plain.url: "none",
+        }
+        assert vllm.stats.pauses == {"keep": 1} and sglang.stats.pauses == {"in_place": 1}
+        assert plain.url in caplog.text and "gateway only" in caplog.text
+        assert all(e.paused for e in client.engines.list())
+        await client.resume(weight_version="step-7")
+        assert vllm.rl.weight_version == "step-7" and sglang.rl.weight_version == "step-7"
+        assert not vllm.rl.paused and not sglang.rl.paused and client.weights.engine_pauses == {}
+        with pytest.raises(ValueError):
+            await client.pause(engine_mode="later")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            await client.resume(weight_version="")
+
+
+async def test_a_stream_whose_head_went_out_is_ended_not_replayed(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        chunks: list[bytes] = []
+
+        async def one() -> None:
+            with pytest.raises(DispatchAborted):
+                async with client.stream(COMPLETION, json={**gen(), "stream": True}) as fs:
+                    async for chunk in fs.aiter_bytes():
+                        chunks.append(chunk)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.35)
+            await client.pause(engine_mode="abort", replay=True)
+        assert b'"abort"' not in b"".join(chunks)  # the engine's truncated ending never relayed
+        assert engine.stats.by_path[COMPLETION] == 1  # not replayed
+        await client.resume()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_time_frozen_on_a_keep_paused_engine_is_not_charged_to_the_dispatch_deadline(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock, stream: bool
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine, dispatch_timeout=5.0) as client,
+    ):
+        done: list[float] = []
+
+        async def one() -> None:
+            start = trio.current_time()
+            if stream:
+                async with client.stream(COMPLETION, json={**gen(), "stream": True}) as fs:
+                    text = await fs.aread()
+                assert text.endswith(b"data: [DONE]\n\n")
+            else:
+                assert (await client.post(COMPLETION, json=gen())).status == 200
+            done.append(trio.current_time() - start)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.5)
+            await client.pause(engine_mode="keep")
+            await trio.sleep(60)  # far past the 5 s dispatch deadline
+            await client.resume()
+        # 1 s of decoding plus the 60 s frozen, not a 504 at 5 s.
+        assert 61.0 <= done[0] < 61.2
+        assert engine.stats.completed == 1
+
+
+async def test_the_moved_deadline_still_holds_after_resume(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine, dispatch_timeout=5.0) as client,
+    ):
+        errors: list[TrioforwardError] = []
+
+        async def one() -> None:
+            with pytest.raises(TrioforwardError) as info:
+                await client.post(COMPLETION, json=gen(max_tokens=1000))
+            errors.append(info.value)
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(1.0)
+            await client.pause(engine_mode="keep")
+            await trio.sleep(30)
+            await client.resume()
+        # Deadline 5 s after dispatch, moved by the 30 s frozen: a 504 at 35 s.
+        assert errors[0].status == 504 and errors[0].code == "dispatch_timeout"
+        assert 35.0 <= trio.current_time() - start < 35.1
+        await engine.stats.wait_for(lambda s: s.aborted == 1)

@@ -1,0 +1,143 @@
+"""Weight updates over HTTP: POST /admin/pause engine modes, replay, X-Weight-Version,
+per-version metrics and the access log (docs/operations.md)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+from gateway_harness import open_gateway, open_sim
+
+from trioforward.server._metrics import MAX_VERSION_LABELS, Metrics
+
+BODY = {"model": "sim-base", "prompt": "x", "max_tokens": 40, "return_token_ids": True}
+
+
+async def test_keep_pause_then_resume_with_a_version_over_http(
+    fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        replies: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+
+            async def one() -> None:
+                replies.append(await client.post("/v1/completions", json=BODY))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(one)
+                with trio.fail_after(10):
+                    await engine.stats.wait_for(lambda s: s.running == 2)
+                paused = await client.post("/admin/pause", json={"engine_mode": "keep"})
+                assert paused.status_code == 200, paused.text
+                assert paused.json()["engine_pauses"] == {
+                    engine.url: {"kind": "vllm", "engine_mode": "keep"}
+                }
+                assert engine.rl.paused and replies == []
+                with caplog.at_level(logging.INFO, logger="trioforward.access"):
+                    resumed = await client.post(
+                        "/admin/resume", json={"weight_version": "step-120"}
+                    )
+                    assert resumed.status_code == 200
+                    assert resumed.json()["weight_version"] == "step-120"
+                    assert resumed.json()["engine_pauses"] == {}
+            assert [r.status_code for r in replies] == [200, 200]
+            assert {r.headers["x-weight-version"] for r in replies} == {"none, step-120"}
+            after = await client.post("/v1/completions", json=BODY)
+            assert after.headers["x-weight-version"] == "step-120"
+            stream = await client.post("/v1/completions", json={**BODY, "stream": True})
+            assert stream.headers["x-weight-version"] == "step-120"
+            metrics = (await client.get("/metrics")).text
+        assert 'trioforward_weight_version_requests_total{weight_version="step-120"} 2.0' in metrics
+        assert engine.rl.weight_version == "step-120" and engine.stats.completed_mixed == 2
+        assert "version=step-120" in caplog.text
+
+
+async def test_abort_with_replay_over_http_has_no_failures(fd_baseline: int) -> None:
+    async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        replies: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+
+            async def one() -> None:
+                replies.append(await client.post("/v1/completions", json=BODY))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(one)
+                with trio.fail_after(10):
+                    await engine.stats.wait_for(lambda s: s.running == 4)
+                paused = await client.post(
+                    "/admin/pause", json={"engine_mode": "abort", "replay": True}
+                )
+                assert paused.status_code == 200 and engine.stats.pause_aborted == 4
+                await client.post("/admin/resume", json={"weight_version": "v2"})
+        assert [r.status_code for r in replies] == [200] * 4
+        for reply in replies:
+            assert reply.headers["x-weight-version"] == "v2"
+            choice = reply.json()["choices"][0]
+            assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 40
+        assert engine.stats.completed_by_version == {"v2": 4}
+
+
+async def test_a_stream_paused_with_abort_ends_with_one_error_event(fd_baseline: int) -> None:
+    async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            body = b""
+            async with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as r:
+                assert r.status_code == 200
+                async for chunk in r.aiter_bytes():
+                    body += chunk
+                    if body.count(b"data: ") == 3:
+                        paused = await client.post(
+                            "/admin/pause", json={"engine_mode": "abort", "replay": True}
+                        )
+                        assert paused.status_code == 200
+            await client.post("/admin/resume", json={})
+        events = [e for e in body.split(b"\n\n") if e]
+        assert b"[DONE]" not in body and b'"finish_reason":"abort"' not in body
+        error = orjson.loads(events[-1].removeprefix(b"data: "))
+        assert error["error"]["code"] == "aborted"
+        assert engine.stats.by_path["/v1/completions"] == 1  # a started stream is not replayed
+
+
+async def test_bad_pause_and_resume_bodies_and_a_failing_engine(fd_baseline: int) -> None:
+    async with (
+        open_sim() as good,
+        open_sim(kind="sglang") as bad,
+        open_gateway(good.url, bad.url, engine_kind="vllm") as gw,
+    ):
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            for data, param in (
+                ({"engine_mode": "freeze"}, "engine_mode"),
+                ({"engine_mode": "keep", "replay": "yes"}, "replay"),
+            ):
+                response = await client.post("/admin/pause", json=data)
+                assert response.status_code == 400 and response.json()["error"]["param"] == param
+            bad_version = await client.post("/admin/resume", json={"weight_version": "é" * 3})
+            assert bad_version.status_code == 400
+            failed = await client.post("/admin/pause", json={"engine_mode": "keep"})
+            assert failed.status_code == 502
+            error: dict[str, Any] = failed.json()["error"]
+            assert error["code"] == "engine_control_failed" and error["engine"] == bad.url
+            assert good.stats.resumes == 1 and not good.rl.paused
+            listed = (await client.get("/admin/engines")).json()["engines"]
+            assert [e["paused"] for e in listed] == [False, False]
+
+
+def test_version_labels_are_bounded() -> None:
+    metrics = Metrics(lambda: None)
+    for step in range(3 * MAX_VERSION_LABELS):
+        metrics.observe("/v1/completions", 200, weight_version=f"step-{step}")
+    text = metrics.render().decode()
+    series = [
+        line
+        for line in text.splitlines()
+        if line.startswith("trioforward_weight_version_requests_total{")
+    ]
+    assert len(series) == MAX_VERSION_LABELS
+    assert f'weight_version="step-{3 * MAX_VERSION_LABELS - 1}"' in text
+    assert 'weight_version="step-0"' not in text

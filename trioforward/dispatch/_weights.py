@@ -1,0 +1,275 @@
+"""Weight updates as one operation: gate dispatch, pause the engines, replay, version.
+
+``client.pause(engine_mode=..., replay=...)`` and ``client.resume(weight_version=...)``
+(docs/operations.md). A pause first closes the dispatch gate (new requests wait
+in QUEUED, no budget charged), then pauses every target engine at once on the
+control pool (:mod:`._engine_control`), all-or-nothing: if one engine fails,
+those already paused are resumed, the gate is opened again and the call raises
+:class:`EngineControlError` naming the engine. Engine modes:
+
+- ``"keep"`` (SGLang ``in_place``; ``"retract"``: SGLang ``retract``, vLLM
+  ``keep``): the engine freezes the requests it runs; they stay dispatched and
+  their dispatch deadline is extended by the time the engine was paused (the
+  deadline measures the engine working on the request). Their answers mix the
+  old and the new weights, and say so (both versions). Returns at once.
+- ``"wait"``: returns once the engine's requests have finished (old weights).
+- ``"abort"``: the engine ends its requests; streams whose head already went to
+  the caller are ended by the gateway first (an error event, never the engine's
+  truncated ``finish_reason: "abort"`` stream); whatever the engine did not end is
+  closed by the gateway (vLLM 0.32 was seen to finish them instead). With
+  ``replay=True`` every such request goes back to QUEUED and runs again, whole,
+  after the resume; otherwise its caller gets :class:`DispatchAborted`. Returns
+  once none is left on the engine.
+
+Nothing here is on the request path: the per-request cost is a few attribute
+reads in :class:`Client` (``req.replay``) and one store at dispatch
+(``req.weight_version``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from trioforward.dispatch._dispatch import Dispatcher
+from trioforward.dispatch._engine_control import ENGINE_MODES, EngineControl, EngineControlError
+from trioforward.dispatch._engines import Engine, Registry
+from trioforward.dispatch._outcome import Reply
+from trioforward.dispatch._request import Request
+from trioforward.errors import DispatchAborted, UpstreamBroken
+
+__all__ = [
+    "WeightUpdates",
+    "EnginePause",
+    "version_label",
+    "is_abort_answer",
+    "replaying_request",
+    "replaying_stream",
+]
+
+log = logging.getLogger("trioforward.dispatch")
+
+_ABORT = b'"finish_reason":"abort"'
+MAX_VERSION_LENGTH = 128
+
+
+@dataclass(slots=True)
+class EnginePause:
+    """An engine paused at the engine level: its kind, mode and when (trio clock)."""
+
+    kind: str
+    mode: str
+    since: float
+
+
+def is_abort_answer(content: bytes) -> bool:
+    """True if a completion body ends a choice with ``finish_reason: "abort"`` (vLLM,
+    SGLang: a request the engine aborted; orjson/FastAPI write no spaces)."""
+    return _ABORT in content or b'"finish_reason": "abort"' in content
+
+
+def version_label(start: str | None, end: str | None) -> str | None:
+    """``X-Weight-Version`` of an answer dispatched under ``start`` and finished under
+    ``end``: one version, or both (``"step-119, step-120"``) when a keep pause
+    spanned an update; ``None`` when no version was ever recorded."""
+    if start == end:
+        return start
+    return f"{start or 'none'}, {end or 'none'}"
+
+
+async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
+    """``dispatcher.request(req)``, run again whole when an engine pause ended it
+    and asked for a replay (``req.replay``); a ``finish_reason: "abort"`` answer
+    of such a request is never handed out (DispatchAborted without replay)."""
+    while True:
+        try:
+            reply = await dispatcher.request(req)
+        except (DispatchAborted, UpstreamBroken):
+            if not req.replay:
+                raise
+        else:
+            if req.replay is None or not is_abort_answer(reply.content):
+                return reply
+            if not req.replay:
+                raise req.stamp(req.aborted()) from None
+        req.rearm()
+
+
+@asynccontextmanager
+async def replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterator[Reply]:
+    """``dispatcher.stream(req)``, run again when an engine pause ended it before its
+    head went to the caller (after that it is never replayed: DispatchAborted)."""
+    req.streaming = True
+    while True:
+        try:
+            async with dispatcher.stream(req) as reply:
+                req.handed_over = True
+                yield reply
+                return
+        except DispatchAborted:
+            if not req.replay or req.handed_over:
+                raise
+        req.rearm()
+
+
+class WeightUpdates:
+    """Engine-level pause state and the weight version of one client."""
+
+    def __init__(self, registry: Registry, dispatcher: Dispatcher, control: EngineControl) -> None:
+        self._registry = registry
+        self._dispatcher = dispatcher
+        self.control = control
+        self.engine_pauses: dict[str, EnginePause] = {}  # engine URL -> its pause
+
+    @property
+    def version(self) -> str | None:
+        """The weight version recorded by the last ``resume(weight_version=...)``."""
+        return self._dispatcher.weight_version
+
+    # -- pause ---------------------------------------------------------------------
+
+    async def pause(
+        self, targets: list[Engine], mode: str, engine_mode: str | None, replay: bool
+    ) -> None:
+        """Gate ``targets``, then pause them at ``engine_mode`` (None: gate only, as
+        ``mode`` says). Raises ``ValueError`` for a bad mode, :class:`EngineControlError`."""
+        if engine_mode is not None and engine_mode not in ENGINE_MODES:
+            raise ValueError(
+                f"engine_mode must be one of {', '.join(ENGINE_MODES)}, got {engine_mode!r}"
+            )
+        gated = [e for e in targets if not e.paused]
+        for engine in gated:
+            self._registry.set_paused(engine, True)
+        if engine_mode is None:
+            if mode == "abort":
+                self._abort(targets, replay, "mode=abort")
+            await _wait_idle(targets)
+            return
+        if engine_mode == "abort":
+            # A stream whose head went out cannot be replayed: end it ourselves,
+            # before the engine sends a truncated "finish_reason: abort" stream.
+            self._abort(targets, replay, "engine_mode=abort", streams_only=True)
+            for engine in targets:
+                for req in engine.calls:
+                    req.replay = replay
+        try:
+            await self._pause_engines(targets, engine_mode)
+        except BaseException:
+            for engine in gated:
+                self._registry.set_paused(engine, False)
+            raise
+        now = trio.current_time()
+        if engine_mode in ("keep", "retract"):
+            for engine in targets:
+                for req in engine.calls:
+                    req.frozen_since = now
+        elif engine_mode == "abort":
+            self._abort(targets, replay, "engine_mode=abort")
+        if engine_mode != "keep" and engine_mode != "retract":
+            await _wait_idle(targets)
+
+    async def _pause_engines(self, targets: list[Engine], mode: str) -> None:
+        done: list[Engine] = []
+        failed: list[tuple[Engine, BaseException]] = []
+
+        async def one(engine: Engine) -> None:
+            try:
+                kind = await self.control.kind(engine.url)
+                if kind == "sglang" and mode == "wait":
+                    await engine.wait_idle()  # SGLang has no wait mode: drain ours first
+                await self.control.pause(engine.url, kind, mode)
+            except EngineControlError as exc:
+                failed.append((engine, exc))
+            else:
+                self.engine_pauses[engine.url] = EnginePause(kind, mode, trio.current_time())
+                done.append(engine)
+
+        async with trio.open_nursery() as nursery:
+            for engine in targets:
+                nursery.start_soon(one, engine)
+        if failed:
+            # All or nothing: the engines that did pause go back to work.
+            with trio.CancelScope(shield=True):
+                await self._resume_engines(done, None)
+            names = ", ".join(e.url for e, _ in failed)
+            raise EngineControlError(
+                f"engine pause failed on {names} (the other engines were resumed): "
+                + "; ".join(str(exc) for _, exc in failed),
+                engine=failed[0][0].url,
+            ) from failed[0][1]
+
+    def _abort(
+        self, targets: list[Engine], replay: bool, why: str, streams_only: bool = False
+    ) -> None:
+        for engine in targets:
+            for req in list(engine.calls):
+                if streams_only and not req.streaming:
+                    continue
+                req.replay = replay and not req.handed_over
+                req.abort(f"engine {engine.url} was paused ({why}) for a weight update")
+
+    # -- resume ------------------------------------------------------------------
+
+    async def resume(self, targets: list[Engine], weight_version: str | None) -> None:
+        """Resume the engines paused at the engine level among ``targets`` (and tell
+        them ``weight_version``), record the version, then open the gate. An engine
+        that fails stays paused; raises :class:`EngineControlError` naming it."""
+        if weight_version is not None and (
+            not isinstance(weight_version, str)
+            or not weight_version
+            or len(weight_version) > MAX_VERSION_LENGTH
+            or not (weight_version.isascii() and weight_version.isprintable())
+        ):
+            raise ValueError(
+                f"weight_version must be printable ASCII of 1..{MAX_VERSION_LENGTH} characters"
+            )
+        paused = [e for e in targets if e.url in self.engine_pauses]
+        failed = await self._resume_engines(paused, weight_version)
+        if weight_version is not None:
+            self._dispatcher.weight_version = weight_version
+        now = trio.current_time()
+        for engine in targets:
+            for req in engine.calls:
+                if req.frozen_since is not None:
+                    req.frozen_time += now - req.frozen_since
+                    req.frozen_since = None
+            if engine not in failed:
+                self._registry.set_paused(engine, False)
+        if failed:
+            raise EngineControlError(
+                "engine resume failed on "
+                + ", ".join(f"{e.url} ({exc})" for e, exc in failed.items())
+                + "; they stay paused",
+                engine=next(iter(failed)).url,
+            )
+
+    async def _resume_engines(
+        self, engines: list[Engine], version: str | None
+    ) -> dict[Engine, BaseException]:
+        failed: dict[Engine, BaseException] = {}
+
+        async def one(engine: Engine) -> None:
+            pause = self.engine_pauses[engine.url]
+            try:
+                if version is not None:
+                    await self.control.set_version(engine.url, pause.kind, version)
+                await self.control.resume(engine.url, pause.kind)
+            except EngineControlError as exc:
+                failed[engine] = exc
+                log.warning("engine %s: resume failed: %s", engine.url, exc)
+            else:
+                del self.engine_pauses[engine.url]
+
+        async with trio.open_nursery() as nursery:
+            for engine in engines:
+                nursery.start_soon(one, engine)
+        return failed
+
+
+async def _wait_idle(targets: list[Engine]) -> None:
+    for engine in targets:
+        await engine.wait_idle()
