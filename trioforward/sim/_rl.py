@@ -46,6 +46,7 @@ from trioforward.sim._api import Generation, complete_body
 from trioforward.sim._generate import render_token
 from trioforward.sim._http import Exchange
 from trioforward.sim._stats import EngineStats
+from trioforward.sim._stream import STREAM_CONTENT_TYPE
 
 __all__ = ["RLControl", "Run", "ENGINE_KINDS", "answer_aborted"]
 
@@ -271,7 +272,7 @@ async def answer_aborted(
             "model": gen.model,
         }
         if ex.status == 0:
-            await ex.start_stream(200, b"text/event-stream")
+            await ex.start_stream(200, STREAM_CONTENT_TYPE)
         return await ex.end_stream(_aborted_chunks(head, len(samples), gen.chat))
     longest = max((len(s.tokens) for s in samples), default=0)
     k = _decoded_estimate(run, decode_ms_per_token, longest)
