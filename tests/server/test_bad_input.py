@@ -126,3 +126,32 @@ async def test_an_answer_before_a_many_chunked_body_closes_the_connection(
                 assert data.startswith(b"HTTP/1.1 " + case[:3].encode()), data[:40]
         assert await gw.pool_active() == 0
     assert engine.stats.by_path["/v1/completions"] == 0
+
+
+async def test_admin_calls_missing_their_key_say_so_with_400(engine: Any, gateway: Gateway) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        for method, path in (("POST", "/admin/engines"), ("DELETE", "/admin/engines")):
+            for body in (b"", b"{}"):
+                response = await client.request(method, path, content=body)
+                assert response.status_code == 400, (method, path, body, response.text)
+                error = response.json()["error"]
+                assert (error["code"], error["param"]) == ("invalid_engine_url", "url")
+                assert "missing 'url'" in error["message"], error["message"]
+        for body in (b"", b"{}", b'{"name": 5}', b'{"name": ""}'):
+            response = await client.request("DELETE", "/admin/adapters", content=body)
+            assert response.status_code == 400, (body, response.text)
+            assert response.json()["error"]["param"] == "name"
+        listed = await client.get("/admin/engines")
+    assert [e["url"] for e in listed.json()["engines"]] == [engine.url]
+
+
+async def test_re_registering_an_adapter_without_a_parent_clears_it(
+    engine: Any, gateway: Gateway
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        first = {"name": "a", "path": "/adapters/a", "parent": "sim-base"}
+        assert (await client.post("/admin/adapters", json=first)).status_code == 201
+        again = await client.post("/admin/adapters", json={"name": "a", "path": "/adapters/a2"})
+        assert again.json() == {"name": "a", "path": "/adapters/a2", "parent": None}
+        listed = (await client.get("/admin/adapters")).json()["adapters"]
+    assert listed == [{"name": "a", "path": "/adapters/a2", "parent": None}]

@@ -78,7 +78,15 @@ def _known_engines(state: GatewayState, data: dict[str, Any]) -> list[str] | Non
 
 def _url(value: object) -> str:
     """``value`` as an engine URL (the one rule: docs/server.md, "Engine URLs");
-    400 ``invalid_engine_url`` saying what is wrong with it otherwise."""
+    400 ``invalid_engine_url`` saying what is wrong with it (or that it is
+    missing) otherwise."""
+    if value is None:
+        raise RequestError(
+            400,
+            "missing 'url' (the engine's root, e.g. http://127.0.0.1:8001)",
+            code="invalid_engine_url",
+            param="url",
+        )
     try:
         return engine_url(value)
     except EngineURLError as exc:
@@ -292,15 +300,21 @@ def install_routes(app: QuartTrio) -> None:
             await _fleet_wide(state.fleet.control.register_adapter(name, path))
         else:
             state.client.adapters.register(name, path)
+        # Re-registering replaces the record: a parent not given is cleared.
+        parents = state.extras.setdefault(_PARENTS, {})
         if parent:
-            state.extras.setdefault(_PARENTS, {})[name] = parent
+            parents[name] = parent
+        else:
+            parents.pop(name, None)
         return _json({"name": name, "path": path, "parent": parent}, 201)
 
     @app.delete("/admin/adapters")
     async def unregister_adapter() -> Response:
         state = get_state()
         name = request.args.get("name") or (await _body()).get("name")
-        if not isinstance(name, str) or name not in state.client.adapters.list():
+        if not isinstance(name, str) or not name:
+            raise bad_request("'name' must be a non-empty string", "name")
+        if name not in state.client.adapters.list():
             raise RequestError(404, f"no adapter {name!r}", code="adapter_not_found", param="name")
         if state.fleet is not None:
             await _fleet_wide(state.fleet.control.unregister_adapter(name))
