@@ -12,6 +12,7 @@ import httpx
 import orjson
 import trio
 from gateway_harness import generation_requests, open_sim
+from prometheus_client.parser import text_string_to_metric_families
 
 PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [3, 4, 5]}]}
 
@@ -54,6 +55,20 @@ async def test_two_workers_one_socket_shared_futures_replacement_and_drain(fd_ba
                     members.add((await client.get("/health")).json()["fleet"]["member"])
             assert statuses == [200] * 20
             assert len(members) == 2  # both workers answered, one fleet
+            # A scrape of either worker sums the box's per-request counters, and
+            # shows the fleet's gauges.
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                text = (await client.get("/metrics")).text
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            served = sum(
+                s.value for s in families["trioforward_gateway_requests"].samples
+                if s.name.endswith("_total") and s.labels.get("status") == "200"
+                and s.labels.get("route", "").endswith("completions")
+            )
+            assert served == 20
+            assert families["trioforward_fleet_members"].samples[0].value == 2
+            shares = [s.value for s in families["trioforward_fleet_engine_share"].samples]
+            assert len(shares) == 2 and sum(shares) <= 256
             # Tinker: submit and poll on fresh connections (any worker): every
             # poll is answered with the result, never 410.
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:

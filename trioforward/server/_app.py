@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.config["TRIOFORWARD_SETTINGS"] = settings  # what the app was built with
 
-    metrics = Metrics(lambda: _client_or_none(app))
+    metrics = Metrics(lambda: _client_or_none(app), lambda: _fleet_or_none(app))
     _install_lifespan(app, settings, metrics)
     _install_hooks(app, settings)
 
@@ -78,6 +78,11 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     front = Front(app, app.asgi_app, {**OPENAI_ROUTES, **tinker.FRONT_ROUTES})
     app.asgi_app = front  # type: ignore[method-assign,assignment]
     return app
+
+
+def _fleet_or_none(app: QuartTrio) -> Any:
+    state: GatewayState | None = app.extensions.get(STATE_KEY)
+    return None if state is None else state.fleet
 
 
 def _client_or_none(app: QuartTrio) -> Any:

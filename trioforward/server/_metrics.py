@@ -18,6 +18,7 @@ Route modules (the Tinker routes) may call :meth:`Metrics.observe`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +29,12 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 if TYPE_CHECKING:
     from trioforward.dispatch import Client
 
-__all__ = ["Metrics", "CONTENT_TYPE_LATEST", "MAX_VERSION_LABELS"]
+__all__ = ["Metrics", "CONTENT_TYPE_LATEST", "MAX_VERSION_LABELS", "MULTIPROC_ENV"]
 
 MAX_VERSION_LABELS = 8
+
+# Set by the --workers N supervisor (prometheus-client's multiprocess mode).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Queue waits run from microseconds (idle fleet) to many minutes (engines saturated
 # by a burst); engine times from milliseconds to the 2048 s dispatch deadline.
@@ -42,7 +46,11 @@ class Metrics:
     """The gateway's metrics. ``client_getter()`` returns the open dispatch client or
     ``None`` (before startup / after shutdown)."""
 
-    def __init__(self, client_getter: Callable[[], Client | None]) -> None:
+    def __init__(
+        self,
+        client_getter: Callable[[], Client | None],
+        fleet_getter: Callable[[], Any] = lambda: None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._requests = Counter(
             "trioforward_gateway_requests",
@@ -79,6 +87,19 @@ class Metrics:
         # labels() takes a lock and builds a tuple each call: cache the children.
         self._children: dict[tuple[str, int], Any] = {}
         self.registry.register(_ClientCollector(client_getter))
+        self.registry.register(_FleetCollector(fleet_getter))
+        self._scrape = self.registry
+        multiproc_dir = os.environ.get(MULTIPROC_ENV)
+        if multiproc_dir:
+            # A worker of --workers N (docs/fleet.md, "Metrics"): the per-request
+            # counters and histograms above live in prometheus-client's shared
+            # files and a scrape of any worker sums them over the box's workers.
+            from prometheus_client import multiprocess
+
+            self._scrape = CollectorRegistry(auto_describe=False)
+            multiprocess.MultiProcessCollector(self._scrape, path=multiproc_dir)  # type: ignore[no-untyped-call]
+            self._scrape.register(_ClientCollector(client_getter))
+            self._scrape.register(_FleetCollector(fleet_getter))
 
     def observe(
         self,
@@ -122,7 +143,7 @@ class Metrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition (content type :data:`CONTENT_TYPE_LATEST`)."""
-        return generate_latest(self.registry)
+        return generate_latest(self._scrape)
 
 
 class _ClientCollector:
@@ -198,3 +219,45 @@ class _ClientCollector:
             paused.add_metric([info.url], 1.0 if info.paused else 0.0)
         yield healthy
         yield paused
+
+
+class _FleetCollector:
+    """Fleet gauges (docs/fleet.md, "Metrics"), from this member's last snapshot of
+    every live member: so any member reports the whole fleet's shares and demand."""
+
+    def __init__(self, fleet_getter: Callable[[], Any]) -> None:
+        self._fleet_getter = fleet_getter
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        fleet = self._fleet_getter()
+        if fleet is None:
+            return
+        members = dict(fleet.members)
+        yield GaugeMetricFamily(
+            "trioforward_fleet_members", "Live members of the fleet", value=len(members)
+        )
+        yield GaugeMetricFamily(
+            "trioforward_fleet_state_unreachable",
+            "1 while this member cannot reach the fleet's shared state",
+            value=1.0 if fleet.degraded else 0.0,
+        )
+        share = GaugeMetricFamily(
+            "trioforward_fleet_engine_share",
+            "Requests a member may run at once on an engine (its capacity lease)",
+            labels=["engine", "member"],
+        )
+        demand = GaugeMetricFamily(
+            "trioforward_fleet_engine_demand",
+            "Requests queued + running on an engine at a member",
+            labels=["engine", "member"],
+        )
+        for member_id, record in sorted(members.items()):
+            for url, tokens in sorted(record.share.items()):
+                share.add_metric([url, member_id], tokens)
+            for url, counts in sorted(record.demand.items()):
+                demand.add_metric([url, member_id], counts["demand"])
+        yield share
+        yield demand

