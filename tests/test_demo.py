@@ -36,6 +36,10 @@ def test_demo_short_run_has_no_failures(tmp_path: Path) -> None:
     assert report["adapter_loads"]["engines"] >= 1
     scenario = report["scenario"]
     assert scenario["pause"]["held"] and scenario["pause"]["completed_before_resume"] == 0
+    # The weight update paused the engines themselves and recorded a version.
+    assert scenario["pause"]["engine_kinds"] == ["vllm"]
+    assert scenario["pause"]["weight_version"] == "step-1"
+    assert scenario["pause"]["answers_with_version"] > 0
     assert scenario["engine_restart"]["completed_after_restart"] > 0
     assert report["metrics_url"].endswith("/metrics")
     assert "0 failures" in done.stdout

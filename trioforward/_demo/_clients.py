@@ -60,6 +60,16 @@ def openai_worker(base_url: str, model: str, tally: Tally, stop: threading.Event
             start = tally.now()
             try:
                 error = _openai_call(client, kind, model, step)
+            except openai.APIError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if kind == "openai stream" and getattr(exc, "code", None) == "aborted":
+                    # A weight-update pause (engine_mode abort) ended this stream after
+                    # its first bytes: streams are never replayed, the client resubmits.
+                    tally.note("streams resubmitted after the pause")
+                    try:
+                        error = _openai_call(client, kind, model, step)
+                    except Exception as again:
+                        error = f"{type(again).__name__}: {again}"
             except Exception as exc:  # every SDK error is a failed request
                 error = f"{type(exc).__name__}: {exc}"
             tally.record(kind, start, error is None, error)

@@ -3,7 +3,8 @@
 Timeline, as fractions of ``--duration`` (steady traffic runs throughout):
 
 ====== ==========================================================
-0.15   ``POST /admin/pause`` (weight update); resumed ~2 s later
+0.15   ``POST /admin/pause {"engine_mode": "abort", "replay": true}`` (weight update);
+       ``POST /admin/resume {"weight_version": "step-1"}`` ~2 s later
 0.35   one simulated engine stops (listener closed), 0.55 restarts
 0.65   burst of ``--burst`` concurrent requests
 1.00   steady traffic stops; in-flight requests finish; summary
@@ -27,6 +28,9 @@ from trioforward._demo._fleet import SIM_CAPACITY, Fleet, open_fleet
 from trioforward._demo._gateway import Gateway, serve_gateway
 from trioforward._demo._tally import Tally, histogram_quantile, parse_histograms
 from trioforward._settings import Settings
+
+# The weight version the demo's weight update records (X-Weight-Version afterwards).
+WEIGHT_VERSION = "step-1"
 
 __all__ = ["Options", "Step", "run"]
 
@@ -142,7 +146,7 @@ async def _scenario(
     progress.step = "steady traffic"
     await until(0.15)
     progress.step = "weight update: gateway paused"
-    out["pause"] = await _pause_resume(http, gateway.url, tally, hold=min(2.0, 0.08 * d))
+    out["pause"] = await _pause_resume(http, gateway.url, tally, fleet, hold=min(2.0, 0.08 * d))
     progress.step = "steady traffic"
     if fleet.simulated and len(fleet.engines) > 1:
         await until(0.35)
@@ -199,11 +203,18 @@ async def _kill_restart(
     }
 
 
-async def _pause_resume(http: httpx.AsyncClient, url: str, tally: Tally, hold: float) -> dict[str, Any]:
-    """Pause dispatch, hold, resume; report whether requests sent meanwhile waited."""
+async def _pause_resume(
+    http: httpx.AsyncClient, url: str, tally: Tally, fleet: Fleet, hold: float
+) -> dict[str, Any]:
+    """A weight update: pause the engines (abort, replayed after resume), hold, resume
+    with a new weight version; report whether requests sent meanwhile waited, what
+    the engines ended and the gateway replayed (docs/operations.md)."""
     start = tally.now()
-    response = await http.post(url + "/admin/pause", json={"mode": "wait"})
+    body = {"engine_mode": "abort", "replay": True}
+    response = await http.post(url + "/admin/pause", json=body)
     tally.record("admin", start, response.status_code == 200, f"pause: HTTP {response.status_code} {response.text[:200]}")
+    pauses = response.json().get("engine_pauses", {}) if response.status_code == 200 else {}
+    ended = sum(e.stats.pause_aborted for e in fleet.engines)  # simulated engines only
     paused_at = tally.now()
     try:
         await trio.sleep(hold)
@@ -211,7 +222,7 @@ async def _pause_resume(http: httpx.AsyncClient, url: str, tally: Tally, hold: f
         # Even when interrupted: a gateway left paused would hold every request forever.
         with trio.CancelScope(shield=True):
             resumed_at = tally.now()
-            response = await http.post(url + "/admin/resume", json={})
+            response = await http.post(url + "/admin/resume", json={"weight_version": WEIGHT_VERSION})
     tally.record("admin", resumed_at, response.status_code == 200, f"resume: HTTP {response.status_code} {response.text[:200]}")
     # Wait for the requests sent during the pause to come back before judging.
     await trio.sleep(min(2.0, hold))
@@ -226,6 +237,9 @@ async def _pause_resume(http: httpx.AsyncClient, url: str, tally: Tally, hold: f
         "longest_wait_seconds": round(max((s[2] - s[1] for s in waited), default=0.0), 2),
         "completed_before_resume": len(early),  # must be 0: nothing is dispatched while paused
         "held": not early,
+        "engine_kinds": sorted({p["kind"] for p in pauses.values()}),
+        "ended_by_engines": ended if fleet.simulated else None,
+        "weight_version": response.json().get("weight_version") if response.status_code == 200 else None,
     }
 
 
@@ -262,7 +276,10 @@ def _report(
         "metrics served": metrics.status_code == 200,
     }
     if "pause" in scenario:
-        checks["pause held dispatch"] = bool(scenario["pause"]["held"])
+        pause = scenario["pause"]
+        checks["pause held dispatch"] = bool(pause["held"])
+        pause["streams_resubmitted"] = tally.events["streams resubmitted after the pause"]
+        pause["answers_with_version"] = _version_count(metrics.text, pause["weight_version"])
     return {
         "mode": "simulated" if fleet.simulated else "external",
         "engines": fleet.urls,
@@ -286,6 +303,15 @@ def _report(
         "checks": checks,
         "ok": all(checks.values()),
     }
+
+
+def _version_count(text: str, version: str | None) -> int:
+    """Answers ``/metrics`` counted for weight ``version``."""
+    wanted = f'trioforward_weight_version_requests_total{{weight_version="{version}"}} '
+    for line in text.splitlines():
+        if line.startswith(wanted):
+            return int(float(line[len(wanted) :]))
+    return 0
 
 
 def _finite(value: float) -> float | None:

@@ -66,10 +66,16 @@ def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> No
     pause = report["scenario"].get("pause")
     if pause:
         verdict = "[green]held[/green]" if pause["held"] else "[red]NOT held[/red]"
+        ended = pause.get("ended_by_engines")
+        kinds = ", ".join(pause.get("engine_kinds") or []) or "-"
         scenario.add_row(
-            "weight update (POST /admin/pause, /admin/resume)",
-            f"paused {pause['held_seconds']} s; {pause['waited']} requests waited in QUEUED (longest "
-            f"{pause['longest_wait_seconds']} s) and completed after resume; dispatch {verdict}",
+            "weight update (engine pause abort + replay, resume with a version)",
+            f"engines ({kinds}) paused {pause['held_seconds']} s; "
+            + (f"{ended} requests ended by the engines were replayed whole; " if ended is not None else "")
+            + f"{pause.get('streams_resubmitted', 0)} started streams ended with an error event and were "
+            f"resubmitted; {pause['waited']} requests waited in QUEUED (longest "
+            f"{pause['longest_wait_seconds']} s); dispatch {verdict}; version "
+            f"{pause.get('weight_version')} on {pause.get('answers_with_version', 0)} answers since",
         )
     restart = report["scenario"].get("engine_restart")
     if restart:

@@ -50,10 +50,16 @@ class Tally:
         self.examples: list[str] = []
         self.spans: list[tuple[str, float, float, bool]] = []  # (api, start, end, ok)
         self.windows: dict[str, Window] = {}
+        self.events: Counter[str] = Counter()  # named events (``note``)
 
     def now(self) -> float:
         """Seconds since the tally was created."""
         return time.monotonic() - self.t0
+
+    def note(self, event: str) -> None:
+        """Count one named event (e.g. a stream resubmitted after a pause ended it)."""
+        with self._lock:
+            self.events[event] += 1
 
     def record(self, api: str, start: float, ok: bool, error: str | None = None, *, count: int = 1) -> None:
         """Record ``count`` requests of ``api`` that started at ``start`` (``now()`` clock)."""
