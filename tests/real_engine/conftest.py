@@ -4,7 +4,7 @@ Two vLLM 0.32 CPU servers on 127.0.0.1, started once per session from a tiny
 model made on the spot (tiny_model.py), each tracked by its PID and stopped at
 the end (SIGTERM to its process group, SIGKILL after 30 s):
 
-- ``vllm_base``: no LoRA;
+- ``vllm_base``: no LoRA; ``VLLM_SERVER_DEV_MODE=1`` (its weight-update endpoints);
 - ``vllm_lora``: ``--enable-lora --max-loras 2``, runtime LoRA updating and the
   filesystem resolver.
 
@@ -121,6 +121,10 @@ def _vllm(root: Path, name: str, lora: bool) -> Server:
         "--max-model-len", "256", "--dtype", "float32", "--enforce-eager",
     ]  # fmt: skip
     env = dict(ENV)
+    if not lora:
+        # vLLM's RL endpoints (/pause, /resume, /is_paused, /update_weight_version):
+        # the weight-update test (test_real_weight_update.py) pauses this engine.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     if lora:
         argv += ["--enable-lora", "--max-lora-rank", "8", "--max-loras", str(MAX_LORAS)]
         argv += ["--enable-log-requests"]  # logs "Aborted request(s) ID" (the disconnect test)
