@@ -199,7 +199,11 @@ def _layers(raw: Path) -> tuple[Counter[str], Counter[str], int]:
 # --- orchestration ------------------------------------------------------------------
 
 
-def profile_size(size: int, engines: list[str], rate: int, min_requests: int, keep_raw: bool) -> dict[str, Any]:
+def profile_size(
+    size: int, engines: list[str], rate: int, min_requests: int, keep_raw: Path | None
+) -> dict[str, Any]:
+    """One fresh gateway profiled at bursts of ``size``; ``keep_raw``: the JSON
+    path beside which py-spy's samples are kept (``NAME_SIZE.txt``), or None."""
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         dump, raw = Path(tmp) / "counters.json", Path(tmp) / "samples.txt"
@@ -241,8 +245,8 @@ def profile_size(size: int, engines: list[str], rate: int, min_requests: int, ke
                 time.sleep(0.05)
             counters = json.loads(dump.read_text())
             counts, parts, samples = _layers(raw)
-            if keep_raw:
-                (RESULTS / f"profile_gateway_{size}.txt").write_text(raw.read_text())
+            if keep_raw is not None:
+                keep_raw.with_name(f"{keep_raw.stem}_{size}.txt").write_text(raw.read_text())
         finally:
             for p in procs:
                 targets.stop(p)
@@ -291,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--min-requests", type=int, default=16384)
     parser.add_argument("--keep-raw", action="store_true",
-                        help="keep py-spy's samples (bench/results/profile_gateway_SIZE.txt)")
+                        help="keep py-spy's samples beside --out (profile_gateway_SIZE.txt)")
     parser.add_argument("--out", default=str(RESULTS / "profile_gateway.json"))
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--dump", help=argparse.SUPPRESS)
@@ -303,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         engines = targets.start_engines(2, procs)
-        results = [profile_size(int(s), engines, args.rate, args.min_requests, args.keep_raw) for s in args.sizes.split(",")]
+        results = [profile_size(int(s), engines, args.rate, args.min_requests,
+                                Path(args.out) if args.keep_raw else None) for s in args.sizes.split(",")]
     finally:
         for p in procs:
             targets.stop(p)
