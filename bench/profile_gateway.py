@@ -200,7 +200,8 @@ def _layers(raw: Path) -> tuple[Counter[str], Counter[str], int]:
 
 
 def profile_size(
-    size: int, engines: list[str], rate: int, min_requests: int, keep_raw: Path | None
+    size: int, engines: list[str], rate: int, min_requests: int, keep_raw: Path | None,
+    extra: list[str] = [],  # noqa: B006 - never mutated
 ) -> dict[str, Any]:
     """One fresh gateway profiled at bursts of ``size``; ``keep_raw``: the JSON
     path beside which py-spy's samples are kept (``NAME_SIZE.txt``), or None."""
@@ -209,7 +210,7 @@ def profile_size(
         dump, raw = Path(tmp) / "counters.json", Path(tmp) / "samples.txt"
         host = targets.HOSTS["trioforward"]
         port = targets.free_port(host)
-        argv = ["--host", host, "--port", str(port), "--no-access-log", "--log-level", "warning"]
+        argv = ["--host", host, "--port", str(port), "--no-access-log", "--log-level", "warning", *extra]
         for url in engines:
             argv += ["--engine", url]
         proc = targets.spawn([sys.executable, __file__, "--serve", json.dumps(argv), "--dump", str(dump)])
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--min-requests", type=int, default=16384)
     parser.add_argument("--keep-raw", action="store_true",
                         help="keep py-spy's samples beside --out (profile_gateway_SIZE.txt)")
+    parser.add_argument("--gateway-args", default="",
+                        help="extra `trioforward serve` flags, e.g. '--engine-capacity 0'")
     parser.add_argument("--out", default=str(RESULTS / "profile_gateway.json"))
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--dump", help=argparse.SUPPRESS)
@@ -308,7 +311,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     try:
         engines = targets.start_engines(2, procs)
         results = [profile_size(int(s), engines, args.rate, args.min_requests,
-                                Path(args.out) if args.keep_raw else None) for s in args.sizes.split(",")]
+                                Path(args.out) if args.keep_raw else None, args.gateway_args.split())
+                   for s in args.sizes.split(",")]
     finally:
         for p in procs:
             targets.stop(p)
@@ -317,6 +321,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "method": "per size: fresh gateway, warm-up burst (not measured), then py-spy (--nonblocking, idle dropped) over "
         "bursts of that size; layer µs = sample share × (process CPU − gc callback time) / requests",
         "rate_hz": args.rate,
+        "gateway_args": args.gateway_args,
         "results": results,
     }
     out = Path(args.out)
