@@ -34,6 +34,8 @@ from hypercorn.config import Config
 from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.typing import AppWrapper
 
+from trioforward.server import _gc
+
 __all__ = ["DISCONNECT_EXTENSION", "AppChannel", "AppTaskGroup", "Send"]
 
 DISCONNECT_EXTENSION = "trioforward.disconnect"
@@ -107,9 +109,15 @@ class AppChannel:
 
 
 async def _run_app(
-    channel: AppChannel, app: AppWrapper, config: Config, scope: Any, send: Any
+    channel: AppChannel,
+    app: AppWrapper,
+    config: Config,
+    scope: Any,
+    send: Any,
+    guard: _gc.BurstGC | None,
 ) -> None:
-    """One request's app task; closes ``channel`` when the app has ended."""
+    """One request's app task; closes ``channel`` when the app has ended, and
+    tells ``guard`` (which counted the request in when it was spawned)."""
     try:
         handle: Any = _handle  # Hypercorn's wrapper: logs the app's errors, then ends the stream
         await handle(
@@ -117,6 +125,8 @@ async def _run_app(
         )
     finally:
         channel.close()
+        if guard is not None:
+            guard.exit()
 
 
 class AppTaskGroup(TaskGroup):
@@ -137,5 +147,18 @@ class AppTaskGroup(TaskGroup):
         channel = AppChannel(config.max_app_queue_size)
         scope["extensions"][DISCONNECT_EXTENSION] = channel
         assert self._nursery is not None
-        self._nursery.start_soon(_run_app, channel, app, config, scope, self.app_send(send))
+        # The request counts as in flight for the collector's burst pause from
+        # here: a burst's requests are read and their tasks spawned in one
+        # scheduler batch, before any of them runs.
+        guard = _gc.active
+        if guard is not None:
+            guard.enter()
+        try:
+            self._nursery.start_soon(
+                _run_app, channel, app, config, scope, self.app_send(send), guard
+            )
+        except BaseException:
+            if guard is not None:
+                guard.exit()
+            raise
         return channel.put

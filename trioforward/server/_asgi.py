@@ -154,7 +154,9 @@ class Front:
             return
         headers = {name: value for name, value in scope["headers"]}
         log = Outcome(path, scope["method"])
-        guard = _gc.active  # pauses the collector during bursts (tune_gc installs it)
+        # Pauses the collector during bursts (tune_gc installs it). Under our worker
+        # the request was counted when its task was spawned (_appchannel).
+        guard = None if DISCONNECT_EXTENSION in scope.get("extensions", ()) else _gc.active
         if guard is not None:
             guard.enter()
         try:

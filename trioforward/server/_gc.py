@@ -16,7 +16,13 @@ help (20 000 and 200 000 measured the same total):
 
 The request path leaves almost no cyclic garbage (~0.1 object per request), so
 the collector buys nothing during a burst. :class:`BurstGC` switches automatic
-collection off while at least ``high`` data-plane requests are in flight. When
+collection off while at least ``high`` requests are in flight. Under the
+gateway's own worker a request counts from the moment its app task is spawned
+(``_appchannel.AppTaskGroup``): a burst's requests are all read and their tasks
+spawned in one scheduler batch before any of them runs, and counting them only
+once they run let ~10 young collections (~15-25 µs per request at 8192) happen
+inside that batch (bench/profile_gateway.py). Under another ASGI server the
+OpenAI and Tinker front counts its own routes (``_asgi.Front``). When
 they drop to ``low`` it freezes what the burst left alive (mostly the per-
 connection keep-alive state of thousands of idle connections: scanning it in the
 first collection after the burst took up to 360 ms) and re-enables collection.
