@@ -73,7 +73,7 @@ def tune_gc() -> None:
     collector only has exceptions' tracebacks to reclaim), so: freeze everything
     alive at startup (imports, the app) out of the collector's sight, collect the
     young generation every 20 000 net allocations instead of 700, and the older
-    generations rarely. And while a burst is in flight (512+ data-plane requests)
+    generations rarely. And while a burst is in flight (512+ requests)
     automatic collection pauses altogether (``_gc.BurstGC``: at 8192 in flight the
     young collections still cost ~100 µs per request, scanning live request state).
     """
