@@ -12,6 +12,7 @@ from trioforward.sim import (
     expected_completion,
     expected_prompt_logprobs,
     expected_top_logprobs,
+    open_engine,
     render_text,
     sample,
     tokenize,
@@ -246,3 +247,20 @@ async def test_sim_stats_and_faults_endpoints_are_not_counted(engine: SimEngine)
     assert engine.stats.requests == 1
     await request(engine, "POST", "/sim/faults", {"reset_stats": True})
     assert engine.stats.requests == 0 and engine.stats.connections_accepted == 0
+
+
+async def test_max_model_len_refuses_a_longer_prompt_and_cuts_a_longer_output(
+    fd_baseline: int,
+) -> None:
+    async with open_engine(max_model_len=16) as engine:
+        fits = await request(
+            engine, "POST", "/v1/completions", {"prompt": list(range(10)), "max_tokens": 50}
+        )
+        assert fits.status == 200  # as vLLM: not an error, the output ends at the model length
+        choice, usage = fits.json()["choices"][0], fits.json()["usage"]
+        assert usage["completion_tokens"] == 6 and choice["finish_reason"] == "length"
+        too_long = await request(engine, "POST", "/v1/completions", {"prompt": list(range(17))})
+        assert too_long.status == 400
+        error = too_long.json()["error"]
+        assert error["param"] == "input_tokens" and "maximum context length is 16" in error["message"]
+        assert engine.stats.completed == 1

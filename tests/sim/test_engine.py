@@ -81,6 +81,7 @@ def test_cli_help_lists_every_option() -> None:
         "--model",
         "--adapter",
         "--lazy-adapters",
+        "--max-model-len",
         "--keep-alive",
         "--host",
     ):

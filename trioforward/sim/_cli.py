@@ -100,6 +100,13 @@ _SECONDS = click.FloatRange(min=0)
     help="Time a load request takes (s).",
 )
 @click.option(
+    "--max-model-len",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="TOKENS",
+    help="Model length (vLLM --max-model-len): longer prompts 400, longer outputs cut; default unlimited.",
+)
+@click.option(
     "--prefix-cache-tokens",
     type=click.IntRange(min=0),
     default=0,
@@ -134,6 +141,7 @@ def sim_engine(
     no_runtime_lora: bool,
     unknown_model_status: str,
     adapter_load_seconds: float,
+    max_model_len: int | None,
     prefix_cache_tokens: int,
     block_size: int,
     kind: str,
@@ -153,6 +161,7 @@ def sim_engine(
         runtime_lora=not no_runtime_lora,
         unknown_model_status=int(unknown_model_status),
         adapter_load_seconds=adapter_load_seconds,
+        max_model_len=max_model_len,
         prefix_cache_tokens=prefix_cache_tokens,
         block_size=block_size,
         kind=kind,
