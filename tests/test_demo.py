@@ -78,3 +78,15 @@ def test_demo_against_a_dead_engine_says_so_without_a_traceback() -> None:
     assert done.returncode == 1
     assert "no engine listed a model" in done.stderr and dead in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_the_shortest_demo_drives_every_client(tmp_path: Path) -> None:
+    # The SDKs are imported before the clock starts: an import takes seconds on a
+    # busy machine, and an SDK thread still importing when the traffic stopped
+    # made no request ("every client made requests" failed, exit 1).
+    out = tmp_path / "demo.json"
+    done = _demo("--duration", "2", "--burst", "0", "--json", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    requests = json.loads(out.read_text())["requests"]
+    for api in ("openai completions", "openai chat", "openai stream", "tinker base", "trainer (httpx)"):
+        assert requests.get(api, 0) > 0, f"no {api} requests: {requests}"

@@ -43,6 +43,18 @@ def check_completion(body: dict[str, Any], n: int = 1) -> str | None:
     return None
 
 
+def import_sdks() -> None:
+    """Import the ``openai`` and ``tinker`` SDKs (seconds on a busy 2-core machine).
+
+    The demo does this before its clock starts, so a short ``--duration`` is
+    spent driving the gateway, not importing: otherwise an SDK thread could still
+    be importing when the traffic stops, and its client would make no request.
+    """
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    import openai  # noqa: F401
+    import tinker  # noqa: F401
+
+
 def openai_worker(base_url: str, model: str, tally: Tally, stop: threading.Event, index: int) -> None:
     """Loop completions, chat and streaming completions with the ``openai`` SDK until ``stop``.
 

@@ -23,7 +23,13 @@ import click
 import httpx
 import trio
 
-from trioforward._demo._clients import burst, openai_worker, tinker_worker, trainer_loop
+from trioforward._demo._clients import (
+    burst,
+    import_sdks,
+    openai_worker,
+    tinker_worker,
+    trainer_loop,
+)
 from trioforward._demo._fleet import SIM_CAPACITY, Fleet, open_fleet
 from trioforward._demo._gateway import Gateway, serve_gateway
 from trioforward._demo._tally import Tally, histogram_quantile, parse_histograms
@@ -87,6 +93,8 @@ async def _drive(opts: Options, fleet: Fleet, gateway: Gateway, tally: Tally, pr
         stop_loops = trio.Event()
         tinker_errors: list[str] = []
         scenario: dict[str, Any] = {}
+        progress.step = "importing the openai and tinker SDKs"
+        await trio.to_thread.run_sync(import_sdks, abandon_on_cancel=True)
         t_start = tally.now()
         async with trio.open_nursery() as workers:
             # The SDKs are synchronous: each runs in a worker thread until stop_threads.
