@@ -155,3 +155,20 @@ async def test_re_registering_an_adapter_without_a_parent_clears_it(
         assert again.json() == {"name": "a", "path": "/adapters/a2", "parent": None}
         listed = (await client.get("/admin/adapters")).json()["adapters"]
     assert listed == [{"name": "a", "path": "/adapters/a2", "parent": None}]
+
+
+async def test_tinker_asample_naming_no_sampler_says_what_it_needs(
+    engine: Any, gateway: Gateway
+) -> None:
+    sample = {
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+        "num_samples": 1,
+        "sampling_params": {"max_tokens": 2},
+    }
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        for body in ({}, sample, {"base_model": "", **sample}):
+            response = await client.post("/api/v1/asample", json=body)
+            assert response.status_code == 400, (body, response.text)
+            message = response.json()["error"]["message"]
+            assert message.startswith("asample needs sampling_session_id"), message
+    assert engine.stats.by_path["/v1/completions"] == 0

@@ -48,6 +48,8 @@ def _asample(call: Call) -> Awaitable[None]:
         if sampler is None:
             raise RequestError(404, f"unknown sampling session {sampler_id!r}", code="not_found")
     else:  # the older stateless form names the model in the request itself
+        if not body.get("base_model") and not body.get("model_path"):
+            raise bad_request("asample needs sampling_session_id (or base_model or model_path)")
         sampler = make_sampler(
             "",
             0,
