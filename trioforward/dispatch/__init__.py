@@ -17,9 +17,11 @@ from trioforward.codec import Choice, Completion
 from trioforward.dispatch._adapters import AdapterRegistry
 from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._client import Client, open_client
+from trioforward.dispatch._engine_control import ENGINE_MODES
 from trioforward.dispatch._engines import EngineInfo
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
+from trioforward.dispatch._weights import EnginePause, fleet_pause_args, fleet_pause_value
 
 __all__ = [
     "open_client",
@@ -32,4 +34,8 @@ __all__ = [
     "ClientStatistics",
     "Engines",
     "AdapterRegistry",
+    "ENGINE_MODES",
+    "EnginePause",
+    "fleet_pause_args",
+    "fleet_pause_value",
 ]

@@ -323,6 +323,7 @@ class Client:
         *,
         engine_mode: EngineMode | None = None,
         replay: bool = False,
+        call_engines: bool = True,
     ) -> None:
         """Stop new dispatch to ``engines`` (default: all, including ones added later),
         and with ``engine_mode`` pause the engines themselves (docs/operations.md).
@@ -333,7 +334,8 @@ class Client:
         ``engine_mode`` (``"keep"``, ``"retract"``, ``"wait"``, ``"abort"``) every
         engine is paused too, at once, all or nothing. ``replay=True``: requests
         a pause aborted run again, whole, after :meth:`resume`; otherwise each
-        caller gets :class:`DispatchAborted`.
+        caller gets :class:`DispatchAborted`. ``call_engines=False``: gate and
+        prepare here only (a fleet member; one member pauses the engines).
 
         Raises ``KeyError`` for an unknown engine, ``ValueError`` for a bad
         mode, :class:`~trioforward.dispatch.EngineControlError` (naming the
@@ -346,7 +348,7 @@ class Client:
         if engines is None:
             self._paused_all = True
         try:
-            await self.weights.pause(targets, mode, engine_mode, replay)
+            await self.weights.pause(targets, mode, engine_mode, replay, call_engines)
         except BaseException:
             self._paused_all = was_all
             raise

@@ -32,6 +32,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -49,6 +50,8 @@ __all__ = [
     "is_abort_answer",
     "replaying_request",
     "replaying_stream",
+    "fleet_pause_value",
+    "fleet_pause_args",
 ]
 
 log = logging.getLogger("trioforward.dispatch")
@@ -125,6 +128,12 @@ class WeightUpdates:
         self.control = control
         self.engine_pauses: dict[str, EnginePause] = {}  # engine URL -> its pause
 
+    def targets(self, urls: list[str] | None) -> list[Engine]:
+        """The registered engines named by ``urls`` (all if ``None``); ``KeyError`` if unknown."""
+        if urls is None:
+            return list(self._registry.engines)
+        return [self._registry.get(url) for url in urls]
+
     @property
     def version(self) -> str | None:
         """The weight version recorded by the last ``resume(weight_version=...)``."""
@@ -133,10 +142,17 @@ class WeightUpdates:
     # -- pause ---------------------------------------------------------------------
 
     async def pause(
-        self, targets: list[Engine], mode: str, engine_mode: str | None, replay: bool
+        self,
+        targets: list[Engine],
+        mode: str,
+        engine_mode: str | None,
+        replay: bool,
+        call_engines: bool = True,
     ) -> None:
         """Gate ``targets``, then pause them at ``engine_mode`` (None: gate only, as
-        ``mode`` says). Raises ``ValueError`` for a bad mode, :class:`EngineControlError`."""
+        ``mode`` says). ``call_engines=False``: this process's part only (a fleet
+        member; another member pauses the engines once: :meth:`pause_engines`).
+        Raises ``ValueError`` for a bad mode, :class:`EngineControlError`."""
         if engine_mode is not None and engine_mode not in ENGINE_MODES:
             raise ValueError(
                 f"engine_mode must be one of {', '.join(ENGINE_MODES)}, got {engine_mode!r}"
@@ -149,19 +165,20 @@ class WeightUpdates:
                 self._abort(targets, replay, "mode=abort")
             await _wait_idle(targets)
             return
-        if engine_mode == "abort":
+        if engine_mode == "abort" and call_engines:
             # A stream whose head went out cannot be replayed: end it ourselves,
             # before the engine sends a truncated "finish_reason: abort" stream.
             self._abort(targets, replay, "engine_mode=abort", streams_only=True)
             for engine in targets:
                 for req in engine.calls:
                     req.replay = replay
-        try:
-            await self._pause_engines(targets, engine_mode)
-        except BaseException:
-            for engine in gated:
-                self._registry.set_paused(engine, False)
-            raise
+        if call_engines:
+            try:
+                await self.pause_engines(targets, engine_mode)
+            except BaseException:
+                for engine in gated:
+                    self._registry.set_paused(engine, False)
+                raise
         now = trio.current_time()
         if engine_mode in ("keep", "retract"):
             for engine in targets:
@@ -172,7 +189,9 @@ class WeightUpdates:
         if engine_mode != "keep" and engine_mode != "retract":
             await _wait_idle(targets)
 
-    async def _pause_engines(self, targets: list[Engine], mode: str) -> None:
+    async def pause_engines(self, targets: list[Engine], mode: str) -> None:
+        """Pause the engines themselves, at once, all or nothing (the engines that
+        did pause are resumed, then :class:`EngineControlError` names the failure)."""
         done: list[Engine] = []
         failed: list[tuple[Engine, BaseException]] = []
 
@@ -247,6 +266,26 @@ class WeightUpdates:
                 engine=next(iter(failed)).url,
             )
 
+    async def resume_engines(self, targets: list[Engine], version: str | None) -> None:
+        """Resume every one of ``targets`` that has pause endpoints, whoever paused it
+        (a fleet member resumes engines another member paused), telling it
+        ``version``; raises :class:`EngineControlError` naming the failures."""
+        for engine in targets:
+            if engine.url not in self.engine_pauses:
+                kind = await self.control.kind(engine.url)
+                self.engine_pauses[engine.url] = EnginePause(kind, "?", trio.current_time())
+        failed = await self._resume_engines(targets, version)
+        if failed:
+            raise EngineControlError(
+                "engine resume failed on "
+                + ", ".join(f"{e.url} ({exc})" for e, exc in failed.items()),
+                engine=next(iter(failed)).url,
+            )
+
+    def record_version(self, version: str) -> None:
+        """Record the weight version every later dispatch is stamped with."""
+        self._dispatcher.weight_version = version
+
     async def _resume_engines(
         self, engines: list[Engine], version: str | None
     ) -> dict[Engine, BaseException]:
@@ -273,3 +312,23 @@ class WeightUpdates:
 async def _wait_idle(targets: list[Engine]) -> None:
     for engine in targets:
         await engine.wait_idle()
+
+
+FLEET_PREFIX = "engine:"
+
+
+def fleet_pause_value(mode: str, engine_mode: str | None, replay: bool) -> str:
+    """The control plane's value for a pause (docs/fleet.md, "Control plane"):
+    ``mode`` for a gate-only pause, else ``engine:<engine_mode>[+replay]``."""
+    if engine_mode is None:
+        return mode
+    return FLEET_PREFIX + engine_mode + ("+replay" if replay else "")
+
+
+def fleet_pause_args(value: str) -> dict[str, Any]:
+    """``client.pause`` keywords of a member applying control-plane ``value``: its own
+    part only, the engines are paused once by the member that took the admin call."""
+    if not value.startswith(FLEET_PREFIX):
+        return {"mode": value}
+    engine_mode, _, flag = value[len(FLEET_PREFIX) :].partition("+")
+    return {"engine_mode": engine_mode, "replay": flag == "replay", "call_engines": False}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from trioforward.dispatch import fleet_pause_args
 from trioforward.fleet._futures import StateUnavailable
 from trioforward.fleet._redis import STATE_ERRORS
 
@@ -86,13 +87,25 @@ class ControlPlane:
         key = self._keys.control("paused")
         return await self._change(lambda p: p.hset(key, dict.fromkeys(targets, mode)))
 
-    async def resume(self, engines: Iterable[str] | None = None) -> int:
-        """Resume ``engines`` (default: all, including engines paused one by one)."""
+    async def resume(
+        self, engines: Iterable[str] | None = None, weight_version: str | None = None
+    ) -> int:
+        """Resume ``engines`` (default: all, including engines paused one by one);
+        ``weight_version``: recorded by every member before its gate opens
+        (docs/operations.md, "Fleet mode")."""
         key = self._keys.control("paused")
-        if engines is None:
-            return await self._change(lambda p: p.delete([key]))
-        targets = [e.rstrip("/") for e in engines]
-        return await self._change(lambda p: p.hdel(key, targets))
+        version_key = self._keys.control("weight_version")
+        targets = None if engines is None else [e.rstrip("/") for e in engines]
+
+        def edit(p: Any) -> None:
+            if weight_version is not None:
+                p.set(version_key, weight_version)
+            if targets is None:
+                p.delete([key])
+            else:
+                p.hdel(key, targets)
+
+        return await self._change(edit)
 
     async def add_engine(self, url: str) -> int:
         """Register ``url`` on every member."""
@@ -175,6 +188,7 @@ class ControlPlane:
             paused_reply = pipe.hgetall(keys.control("paused"))
             engines_reply = pipe.hgetall(keys.control("engines"))
             adapters_reply = pipe.hgetall(keys.control("adapters"))
+            weights_reply = pipe.get(keys.control("weight_version"))
         raw_version = await version_reply
         version = int(raw_version) if raw_version is not None else 0
         if version <= self.applied_version and self.applied_version:
@@ -182,6 +196,10 @@ class ControlPlane:
         paused = _text(await paused_reply)
         engines = _text(await engines_reply)
         adapters = _text(await adapters_reply)
+        weight_version = await weights_reply
+        if weight_version is not None:  # recorded before any gate opens below
+            text = weight_version.decode() if isinstance(weight_version, bytes) else weight_version
+            self._client.weights.record_version(str(text))
         await self._apply(paused, engines, adapters)
         self.applied_version = max(self.applied_version, version)
         self._applied_event.set()
@@ -206,12 +224,11 @@ class ControlPlane:
         want_all = paused.get(ALL)
         want = {url: mode for url, mode in paused.items() if url != ALL and url in known}
         if want_all is not None and not self._paused_all:
-            await client.pause(None, want_all)
+            await client.pause(None, **fleet_pause_args(want_all))
         newly = [url for url in want if url not in self._paused]
-        for mode in ("abort", "wait"):
+        for mode in sorted({want[u] for u in newly}):  # "wait", "abort", "engine:keep", ...
             urls = [u for u in newly if want[u] == mode]
-            if urls:
-                await client.pause(urls, mode)
+            await client.pause(urls, **fleet_pause_args(mode))
         if want_all is None and self._paused_all:
             await client.resume(None)
             # resume(None) resumed every engine: pause again the ones still listed.

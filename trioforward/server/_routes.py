@@ -36,7 +36,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward._engine_url import EngineURLError, engine_url
-from trioforward.dispatch._engine_control import ENGINE_MODES
+from trioforward.dispatch import ENGINE_MODES, fleet_pause_value
 from trioforward.errors import EngineControlError
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
@@ -134,14 +134,27 @@ def _weights_json(state: GatewayState) -> dict[str, Any]:
     return {**_engines_json(state), "weight_version": weights.version, "engine_pauses": pauses}
 
 
-def _not_in_fleet(what: str) -> RequestError:
-    return RequestError(
-        501,
-        f"{what} are not fleet-wide yet: in fleet mode pause and resume gate every member "
-        "only (docs/operations.md, \"Fleet mode\")",
-        type="server_error",
-        code="not_implemented",
-    )
+async def _fleet_pause(
+    state: GatewayState,
+    engines: list[str] | None,
+    mode: str,
+    engine_mode: str | None,
+    replay: bool,
+) -> None:
+    """A fleet-wide pause (docs/operations.md, "Fleet mode"): every member gates and
+    does its own part through the control plane, then this member pauses the
+    engines once; if that fails, the fleet is resumed and the error raised."""
+    assert state.fleet is not None
+    control = state.fleet.control
+    await _fleet_wide(control.pause(engines, fleet_pause_value(mode, engine_mode, replay)))
+    if engine_mode is None:
+        return
+    try:
+        weights = state.client.weights
+        await weights.pause_engines(weights.targets(engines), engine_mode)
+    except EngineControlError:
+        await _fleet_wide(control.resume(engines))
+        raise
 
 
 def _good_version(value: object) -> bool:
@@ -239,13 +252,11 @@ def install_routes(app: QuartTrio) -> None:
         if not isinstance(replay, bool):
             raise bad_request("'replay' must be true or false", "replay")
         engines = _known_engines(state, data)
-        if state.fleet is not None:
-            if engine_mode is not None or replay:
-                raise _not_in_fleet("engine_mode and replay")
-            await _fleet_wide(state.fleet.control.pause(engines, mode))
-            return _json(_weights_json(state))
         try:
-            await state.client.pause(engines, mode, engine_mode=engine_mode, replay=replay)
+            if state.fleet is None:
+                await state.client.pause(engines, mode, engine_mode=engine_mode, replay=replay)
+            else:
+                await _fleet_pause(state, engines, mode, engine_mode, replay)
         except EngineControlError as err:
             return _json(err.to_json(), err.status)
         return _json(_weights_json(state))
@@ -261,13 +272,14 @@ def install_routes(app: QuartTrio) -> None:
                 "weight_version",
             )
         engines = _known_engines(state, data)
-        if state.fleet is not None:
-            if version is not None:
-                raise _not_in_fleet("weight_version")
-            await _fleet_wide(state.fleet.control.resume(engines))
-            return _json(_weights_json(state))
         try:
-            await state.client.resume(engines, weight_version=version)
+            if state.fleet is None:
+                await state.client.resume(engines, weight_version=version)
+            else:
+                # The engines once (whoever paused them), then every member's gate.
+                weights = state.client.weights
+                await weights.resume_engines(weights.targets(engines), version)
+                await _fleet_wide(state.fleet.control.resume(engines, weight_version=version))
         except EngineControlError as err:
             return _json(err.to_json(), err.status)
         return _json(_weights_json(state))

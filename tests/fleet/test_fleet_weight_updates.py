@@ -1,0 +1,63 @@
+"""A weight update is the fleet's (docs/operations.md, "Fleet mode"): every member
+gates and replays its own requests, the engine is paused once, and a resume on
+any member resumes the engine and gives every member the new weight version."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from typing import Any
+
+import httpx
+import orjson
+import trio
+from gateway_harness import generation_requests, open_gateway, open_sim
+
+BODY = {"model": "sim-base", "prompt": [1, 2], "max_tokens": 30, "return_token_ids": True}
+
+
+async def test_engine_pause_and_replay_are_fleet_wide(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    async with open_sim(decode_ms_per_token=20) as engine, AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_gateway(
+                    engine.url, state_url=valkey.url, fleet_name=fleet_name,
+                    lease_interval=0.05, member_ttl=1.0,
+                )
+            )
+            for _ in range(2)
+        ]  # fmt: skip
+        with trio.fail_after(30):
+            while not all(len(gw.state.fleet.members) == 2 for gw in (a, b)):
+                await a.state.fleet.wait_tick()
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        replies: list[httpx.Response] = []
+
+        async def complete(client: httpx.AsyncClient) -> None:
+            replies.append(await client.post("/v1/completions", content=orjson.dumps(BODY)))
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for client in (ca, cb, ca, cb):
+                    nursery.start_soon(complete, client)
+                await engine.stats.wait_for(lambda s: s.running == 4)
+                paused = await ca.post("/admin/pause", json={"engine_mode": "abort", "replay": True})
+                assert paused.status_code == 200, paused.text
+                # Applied by both members; the engine itself paused once.
+                assert all(e.paused for gw in (a, b) for e in gw.state.client.engines.list())
+                assert engine.stats.pauses == {"abort": 1} and engine.rl.paused
+                assert a.state.client.statistics().in_flight == 0
+                assert b.state.client.statistics().in_flight == 0
+                resumed = await cb.post("/admin/resume", json={"weight_version": "v5"})
+                assert resumed.status_code == 200, resumed.text
+        assert not engine.rl.paused and engine.rl.weight_version == "v5"
+        assert [r.status_code for r in replies] == [200] * 4
+        for reply in replies:
+            assert reply.headers["x-weight-version"] == "v5"
+            choice = reply.json()["choices"][0]
+            assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 30
+        assert engine.stats.completed_by_version == {"v5": 4}
+        assert generation_requests(engine) == 8  # each ran twice: once cut, once whole
+        assert a.state.client.weight_version == b.state.client.weight_version == "v5"
