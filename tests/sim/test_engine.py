@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -133,3 +134,14 @@ async def test_cli_serves_until_terminated(fd_baseline: int) -> None:
         with trio.fail_after(20):
             await proc.wait()
         await proc.stderr.aclose()  # type: ignore[union-attr]
+
+
+def test_cli_on_a_taken_port_says_so_without_a_traceback() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(sim_engine, ["--port", str(port)])
+    assert result.exit_code == 1, result.output
+    assert f"Error: cannot listen on 127.0.0.1:{port}: " in result.output, result.output
+    assert result.exception is not None and isinstance(result.exception, SystemExit)

@@ -171,8 +171,12 @@ def sim_engine(
             f"must hold at least one block ({block_size} tokens)", param_hint="--prefix-cache-tokens"
         )
 
+    listening = False
+
     async def run() -> None:
+        nonlocal listening
         async with open_engine(**options) as engine:  # type: ignore[arg-type]
+            listening = True
             click.echo(
                 f"sim-engine listening on {engine.url} (models: {', '.join(engine.adapters.base)})",
                 err=True,
@@ -183,3 +187,16 @@ def sim_engine(
         trio.run(run)
     except KeyboardInterrupt:
         pass
+    except (OSError, BaseExceptionGroup) as exc:
+        error = _sole_os_error(exc)
+        if listening or error is None:
+            raise
+        # e.g. the port is taken: one line, exit 1 (as trioforward serve), no traceback
+        raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
+def _sole_os_error(exc: BaseException) -> OSError | None:
+    """The one ``OSError`` ``exc`` is or wraps (trio nurseries group errors), else ``None``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
