@@ -209,3 +209,25 @@ async def test_the_tinker_sdk_submits_on_one_member_and_polls_on_another(
         assert balancer.hits[("/api/v1/asample", 0)] >= 8  # + SDK retries of a 503
         assert balancer.hits[("/api/v1/retrieve_future", 1)] >= 8
         assert ("/api/v1/retrieve_future", 0) not in balancer.hits
+
+
+async def test_a_claim_that_outlived_its_request_is_run_not_left_dangling(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    """Redis ran this member's claim after the asample waiting for it gave up (503):
+    the SDK's resubmit must get a future that runs, not an id nobody runs."""
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        (a,) = await _members(engine.url, valkey, fleet_name, stack, 1)
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        session = await _session(client)
+        fleet = a.state.fleet
+        dangling = f"tf-{fleet.epoch}-999"
+        import coredis
+
+        async with coredis.Redis(unix_socket_path=str(valkey.socket)) as redis:
+            await redis.set(fleet.keys.dedupe(session, "5"), dangling)
+        issued = await client.post("/api/v1/asample", json=_sample(session, 5))
+        assert issued.json()["request_id"] == dangling
+        polled = await client.post("/api/v1/retrieve_future", json={"request_id": dangling})
+        assert polled.status_code == 200, polled.text
+        assert generation_requests(engine) == 1

@@ -72,9 +72,16 @@ async def submit(state: TinkerState, key: Any, job: SampleJob, call: Call) -> No
         except StateUnavailable as err:
             await _unavailable(call, err)
             return
-        if claimed is not None:  # a resubmit: issued here earlier or by another member
+        if claimed is not None and not (store.is_own(claimed) and not store.holds(claimed)):
+            # A resubmit: issued by another member, or here and still held.
             await _answer(call, 200, _issued(claimed, job.num_samples))
             return
+        if claimed is not None:
+            # This member's own claim that it does not hold: a claim Redis ran
+            # after our wait for it timed out (that asample answered 503), or a
+            # future evicted since. Run it under that id: otherwise every
+            # resubmit would be told to poll an id nobody runs.
+            request_id = claimed
     try:
         future, created = store.submit(key, job.num_samples, request_id)
     except StoreFull as err:

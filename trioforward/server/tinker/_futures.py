@@ -250,6 +250,10 @@ class FutureStore:
         future.deadline = self._clock() + self.retention
         self._delivered[future.request_id] = future
 
+    def holds(self, request_id: str) -> bool:
+        """Whether ``request_id`` is held here now (pending or finished)."""
+        return request_id in self._futures
+
     def is_own(self, request_id: str) -> bool:
         """Whether ``request_id`` was issued by this store (this process)."""
         return request_id.startswith(self._prefix)
