@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -91,3 +92,20 @@ def test_create_app_without_arguments_reads_config_file_and_environment(
     assert settings.engines == ("http://127.0.0.1:9001",)
     assert settings.engine_capacity == 32
     assert app.config["MAX_CONTENT_LENGTH"] == 1000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--state-url", "redis://127.0.0.1:1"], "--state-url needs the fleet extra"),
+        (["--workers", "2"], "--workers 2 needs shared state: install the fleet extra"),
+    ],
+)
+def test_fleet_knobs_without_the_fleet_extra_exit_2_naming_it(
+    args: list[str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "coredis", None)  # `import coredis` raises ImportError
+    result = CliRunner().invoke(main, ["serve", "--engine", "http://127.0.0.1:8001", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "pip install 'trioforward[fleet]'" in result.output
+    assert "Traceback" not in result.output

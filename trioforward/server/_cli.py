@@ -99,6 +99,13 @@ def serve(engine: tuple[str, ...], config_file: str | None, **flags: Any) -> Non
     in-flight requests for --shutdown-grace seconds and exit 0."""
     config_file = config_file or os.environ.get("TRIOFORWARD_CONFIG") or None
     settings = load_settings(config_file, engine, flags)
+    if settings.state_url is not None:
+        try:
+            import coredis  # noqa: F401  (the fleet's Redis client: docs/fleet.md)
+        except ImportError:
+            raise click.UsageError(
+                "--state-url needs the fleet extra: pip install 'trioforward[fleet]'"
+            ) from None
     if settings.workers > 1:  # docs/fleet.md: one socket, N supervised workers
         _configure_logging(settings, with_pid=True)
         from trioforward.server._supervisor import supervise
