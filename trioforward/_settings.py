@@ -71,7 +71,7 @@ class Settings:
     health_failures: int = _knob(3, "consecutive failures that eject an engine", "failures")
     health_successes: int = _knob(1, "consecutive successes that re-admit an engine", "successes")
     adapters: dict[str, str] = _knob({}, "LoRA adapters the gateway may load on demand: name = path", "name=path", "adapters")
-    adapter_root: str = _knob("./adapters", "directory of tinker://RUN/sampler_weights/NAME adapters (<root>/RUN/NAME)", "path", "adapters")
+    adapter_root: str = _knob("./adapters", "absolute directory, as the engines see it, of tinker://RUN/sampler_weights/NAME adapters (<root>/RUN/NAME); a relative one refuses such paths", "path", "adapters")
     adapter_load_timeout: float = _knob(10.0, "timeout of one POST /v1/load_lora_adapter", "s", "adapters")
     adapter_max_attempts: int = _knob(6, "completion attempts while an adapter is being loaded", "attempts", "adapters")
     adapter_backoff_max: float = _knob(2.0, "largest backoff between adapter retries (0.1*2^k)", "s", "adapters")

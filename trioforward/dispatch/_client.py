@@ -45,6 +45,7 @@ __all__ = ["Client", "open_client"]
 
 PauseMode = Literal["wait", "abort"]
 EngineMode = Literal["keep", "retract", "wait", "abort"]
+READMIT_MAX = 30.0  # s: longest back-off before an ejected engine is tried again (no probes)
 
 
 class Client:
@@ -78,6 +79,20 @@ class Client:
         self._session_routing = settings.routing in ("session", "prefix")
         self._prefix_routing = settings.routing == "prefix"
         self.engines = Engines(self._registry, self._engine_added)
+        if settings.health_interval <= 0:
+            # No probes to re-admit an ejected engine: an ejection must be temporary.
+            self._registry.on_eject = self._readmit_later
+
+    def _readmit_later(self, engine: Engine) -> None:
+        """Re-admit ``engine`` on trial after a back-off (1 s, doubling per ejection
+        in a row, at most :data:`READMIT_MAX`): probes are off, so nothing else would."""
+        delay = min(READMIT_MAX, 2.0 ** (engine.ejections - 1))
+
+        async def readmit() -> None:
+            await trio.sleep(delay)
+            self._registry.readmit(engine)
+
+        self._nursery.start_soon(readmit)
 
     def _engine_added(self, engine: Engine) -> None:
         if self._paused_all:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,7 @@ class Engine:
         "_idle",
         "health_scope",
         "paused_since",
+        "ejections",
     )
 
     def __init__(self, url: str, capacity: int) -> None:
@@ -86,6 +88,7 @@ class Engine:
         self.healthy = True
         self.paused = False
         self.paused_since: float | None = None  # trio time of the pause (Retry-After hints)
+        self.ejections = 0  # in a row, without a success between (re-admission back-off)
         self.removed = False
         self.eligible = True
         self.consecutive_failures = 0
@@ -148,6 +151,7 @@ class Registry:
         "health_successes",
         "_lot",
         "_changed",
+        "on_eject",
     )
 
     def __init__(self, capacity: int, health_failures: int, health_successes: int) -> None:
@@ -158,6 +162,9 @@ class Registry:
         self.health_successes = health_successes
         self._lot = trio.lowlevel.ParkingLot()
         self._changed: trio.Event | None = None
+        # Called with each engine ejected (the client schedules re-admission when
+        # no health probes run).
+        self.on_eject: Callable[[Engine], None] | None = None
 
     # -- membership -----------------------------------------------------------
 
@@ -242,7 +249,10 @@ class Registry:
             and engine.consecutive_failures >= self.health_failures
         ):
             engine.healthy = False
+            engine.ejections += 1
             self._refresh(engine)
+            if self.on_eject is not None:
+                self.on_eject(engine)
             # Without this line an operator sees nothing: requests for an
             # ejected engine wait in QUEUED, they do not fail. (INFO, the
             # gateway's default level: the demo kills an engine on purpose.)
@@ -254,9 +264,21 @@ class Registry:
                 len(self.engines),
             )
 
+    def readmit(self, engine: Engine) -> None:
+        """Let an ejected engine take requests again on trial (no health probes run):
+        the next failure ejects it again at once, the next success clears it."""
+        if engine.healthy or engine.removed:
+            return
+        engine.healthy = True
+        engine.consecutive_failures = max(0, self.health_failures - 1)
+        self._refresh(engine)
+        log.info("engine %s re-admitted on trial (health probes are off)", engine.url)
+
     def record_success(self, engine: Engine, *, probe: bool) -> None:
-        """The engine answered. Only health probes re-admit an ejected engine."""
+        """The engine answered. Only health probes (or :meth:`readmit`, when they are
+        off) re-admit an ejected engine."""
         engine.consecutive_failures = 0
+        engine.ejections = 0
         if not probe:
             return
         engine.consecutive_successes += 1

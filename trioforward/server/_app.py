@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -52,7 +53,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     """
     if settings is None:
         settings = Settings.load(config_file=os.environ.get(CONFIG_ENV) or None)
-    logging.getLogger("trioforward").setLevel(settings.log_level.upper())
+    _configure_logging(settings)
 
     app = QuartTrio("trioforward.server")
     # docs/server.md, "Hypercorn and Quart settings the gateway makes": a burst gateway must not cut long generations or big batches.
@@ -83,6 +84,24 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
 def _fleet_or_none(app: QuartTrio) -> Any:
     state: GatewayState | None = app.extensions.get(STATE_KEY)
     return None if state is None else state.fleet
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _configure_logging(settings: Settings) -> None:
+    """The ``trioforward`` loggers at ``log_level``; with a stderr handler of
+    ``trioforward serve``'s format when nothing else would print them — under the
+    plain ``hypercorn`` command no root handler exists, and without one the access
+    log and the engine ejection lines were dropped (docs/server.md, "Under the
+    hypercorn command"). An application that configured logging keeps its own."""
+    logger = logging.getLogger("trioforward")
+    logger.setLevel(settings.log_level.upper())
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.addHandler(handler)
 
 
 def _client_or_none(app: QuartTrio) -> Any:
@@ -154,7 +173,10 @@ def _install_hooks(app: QuartTrio, settings: Settings) -> None:
 
     @app.errorhandler(RequestError)
     async def _request_error(err: RequestError) -> Response:
-        return json_response(err.body(), err.status)
+        response = json_response(err.body(), err.status)
+        for name, value in err.headers():
+            response.headers[name.decode("latin-1")] = value.decode("latin-1")
+        return response
 
     @app.errorhandler(404)
     async def _not_found(_: Exception) -> Response:

@@ -4,7 +4,7 @@
 - ``/api/v1/*`` (Tinker API): ``X-API-Key: <key>`` (what the tinker SDK sends);
   a Bearer key is accepted too.
 - ``/admin/*``: ``Authorization: Bearer <admin_token>``.
-- ``/health`` and ``/metrics`` are open (probes and scrapers).
+- ``/health``, ``/livez``, ``/readyz`` and ``/metrics`` are open (probes and scrapers).
 
 With no keys configured the client paths are open; with no admin token the admin
 paths are open. Keys are compared with :func:`hmac.compare_digest`.

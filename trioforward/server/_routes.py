@@ -40,7 +40,7 @@ from trioforward.dispatch import ENGINE_MODES, fleet_pause_value
 from trioforward.errors import EngineControlError
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
-from trioforward.server._state import GatewayState, get_state
+from trioforward.server._state import STATE_KEY, GatewayState, get_state
 from trioforward.server._validate import parse_body
 
 __all__ = ["install_routes"]
@@ -164,26 +164,40 @@ def _good_version(value: object) -> bool:
 def install_routes(app: QuartTrio) -> None:
     """Registers the views on ``app``."""
 
+    @app.get("/livez")
+    async def livez() -> Response:
+        # Liveness (Kubernetes convention): the process serves requests. Never
+        # depends on the engines: restarting the gateway would not bring one back.
+        if app.extensions.get(STATE_KEY) is None:
+            return _json({"status": "starting"}, 503)
+        return _json({"status": "alive"})
+
     @app.get("/health")
+    @app.get("/readyz")
     async def health() -> Response:
-        state: GatewayState | None = app.extensions.get("trioforward")
+        # Readiness: 200 only when a request can be served — an engine is
+        # registered and healthy (a paused one counts: requests wait for resume).
+        # 503 otherwise, so a readiness probe takes the gateway out of rotation.
+        state: GatewayState | None = app.extensions.get(STATE_KEY)
         if state is None:
             return _json({"status": "starting"}, 503)
         engines = state.client.engines.list()
         healthy = sum(1 for e in engines if e.healthy)
-        # 200 either way: the gateway itself is up. "degraded" tells an operator
-        # that requests are waiting for an engine (up to unhealthy_timeout).
-        body: dict[str, Any] = {
-            "status": "ok" if healthy or not engines else "degraded",
-            "engines": len(engines),
-            "healthy_engines": healthy,
-            "dispatchable_engines": sum(1 for e in engines if e.healthy and not e.paused),
-        }
-        if state.fleet is not None:  # fleet mode (docs/fleet.md)
-            body["fleet"] = state.fleet.summary()
-            if state.fleet.degraded:
-                body["status"] = "degraded"
-        return _json(body)
+        if not engines:
+            status = "no_engines"
+        elif not healthy:
+            status = "degraded"
+        else:
+            status = "ok"
+        return _json(
+            {
+                "status": status,
+                "engines": len(engines),
+                "healthy_engines": healthy,
+                "dispatchable_engines": sum(1 for e in engines if e.healthy and not e.paused),
+            },
+            200 if status == "ok" else 503,
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -37,8 +37,19 @@ class GatewayState:
 
 
 def get_state() -> GatewayState:
-    """The state of the app handling the current request."""
+    """The state of the app handling the current request.
+
+    Raises :class:`~trioforward.server._errors.RequestError` 503 ``not_ready``
+    (with ``Retry-After: 1``) before startup has completed or after shutdown:
+    every Quart route answers as the hot routes do, never a 500.
+    """
     from quart import current_app
 
-    state: GatewayState = current_app.extensions[STATE_KEY]
+    state: GatewayState | None = current_app.extensions.get(STATE_KEY)
+    if state is None:
+        from trioforward.server._errors import RequestError
+
+        raise RequestError(
+            503, "gateway is not serving", type="server_error", code="not_ready", retry_after=1
+        )
     return state

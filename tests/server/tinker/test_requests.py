@@ -111,3 +111,11 @@ def test_sampler_ids_are_stable_and_self_describing() -> None:
     assert sampler_from_id("other", "/root", {}) is None
     with pytest.raises(BadRequest):
         make_sampler("sess", 0, None, None, "/root", {})
+
+
+def test_a_relative_adapter_root_says_what_to_set() -> None:
+    # The engines resolve lora_path on their side: "./adapters" means nothing there.
+    with pytest.raises(BadRequest, match="set adapter_root .* to an absolute directory") as info:
+        adapter_for_path("tinker://run1/sampler_weights/step5", "./adapters", {})
+    assert info.value.status == 400
+    assert adapter_for_path("tinker://run1", "./adapters", {"run1": "/w"}) == ("run1", None)

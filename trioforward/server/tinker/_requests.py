@@ -73,9 +73,10 @@ def adapter_for_path(
     - a registered adapter name, bare or as ``tinker://NAME``: that adapter;
     - ``tinker://RUN/sampler_weights/NAME``: adapter ``RUN_NAME`` at
       ``<adapter_root>/RUN/NAME`` (to be registered with the dispatch core, which
-      loads it on the engines on demand).
+      loads it on the engines on demand). ``adapter_root`` must be absolute: the
+      engines resolve the path on their side.
 
-    Raises :class:`BadRequest` for anything else.
+    Raises :class:`BadRequest` for anything else, and for a relative ``adapter_root``.
     """
     name = model_path[len(_TINKER) :] if model_path.startswith(_TINKER) else model_path
     if name in registered:
@@ -86,6 +87,14 @@ def adapter_for_path(
         for part in (run, weights):
             if not part or part in (".", "..") or "\\" in part:
                 raise BadRequest(f"model_path {model_path!r}: bad path segment {part!r}")
+        if not os.path.isabs(adapter_root):
+            # The engine resolves lora_path on its own side (its own working
+            # directory, maybe another machine): a relative root means nothing there.
+            raise BadRequest(
+                f"model_path {model_path!r} names weights under adapter_root, which is the "
+                f"relative path {adapter_root!r}: set adapter_root (--adapter-root / "
+                "TRIOFORWARD_ADAPTER_ROOT) to an absolute directory the engines can read"
+            )
         return f"{run}_{weights}", os.path.join(adapter_root, run, weights)
     raise BadRequest(
         f"model_path {model_path!r} is neither a registered adapter nor "
