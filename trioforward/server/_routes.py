@@ -189,15 +189,20 @@ def install_routes(app: QuartTrio) -> None:
             status = "degraded"
         else:
             status = "ok"
-        return _json(
-            {
-                "status": status,
-                "engines": len(engines),
-                "healthy_engines": healthy,
-                "dispatchable_engines": sum(1 for e in engines if e.healthy and not e.paused),
-            },
-            200 if status == "ok" else 503,
-        )
+        ready = status == "ok"
+        body: dict[str, Any] = {
+            "status": status,
+            "engines": len(engines),
+            "healthy_engines": healthy,
+            "dispatchable_engines": sum(1 for e in engines if e.healthy and not e.paused),
+        }
+        if state.fleet is not None:  # fleet mode (docs/fleet.md)
+            body["fleet"] = state.fleet.summary()
+            if state.fleet.degraded:
+                # Shared state unreachable: the OpenAI routes still serve (still
+                # ready), Tinker submits answer 503 until it is back.
+                body["status"] = "degraded"
+        return _json(body, 200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
