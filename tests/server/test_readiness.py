@@ -1,4 +1,4 @@
-"""Readiness tells the truth (docs/server.md, "Health"): liveness vs readiness, every
+"""Readiness tells the truth (docs/server.md, "Admin API"): liveness vs readiness, every
 route 503 JSON before the app is ready, and an ejection without probes is temporary."""
 
 from __future__ import annotations
