@@ -172,3 +172,13 @@ async def _grace_case(engine: Any, proc: trio.Process, url: str, log: bytearray)
     assert generation_requests(engine) == 1
 
 
+
+
+async def test_startup_log_counts_registered_engines_not_spellings(
+    engine: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="trioforward.server")
+    async with open_gateway(engine.url, engine.url + "/", "HTTP" + engine.url[4:]):
+        pass
+    started = [r.getMessage() for r in caplog.records if "gateway serving" in r.getMessage()]
+    assert started == ["gateway serving 1 engine(s)"]

@@ -141,7 +141,9 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
             # Quart-Trio passes only str(error) on to the server: log the cause here.
             log.exception("gateway startup failed")
             raise
-        log.info("gateway serving %d engine(s)", len(settings.engines))
+        # Registered engines: the settings may name one twice (http://h:1 and http://h:1/).
+        state: GatewayState = app.extensions[STATE_KEY]
+        log.info("gateway serving %d engine(s)", len(state.client.engines.list()))
 
     @app.after_serving
     async def _shutdown() -> None:
