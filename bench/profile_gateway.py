@@ -13,7 +13,7 @@ libraries below it — h11, trio, orjson, the kernel's side of a system call —
 count for the layer that called them):
 
 - front server: accept, socket reads, HTTP parse (h11 server side), Hypercorn's
-  per-request stream and the ASGI hand-over (``_worker``, ``_appchannel``,
+  per-request stream and the ASGI hand-over (``_worker``, ``_tcpserver``, ``_appchannel``,
   ``_listener``, ``hypercorn.*`` not under the app's ``send``);
 - response write: the app's ``send`` down through Hypercorn, h11 and ``write``;
 - forwarder: the OpenAI route's own frame (headers, outcome record, access log,
@@ -171,7 +171,8 @@ def classify(stack: list[str]) -> tuple[str, str]:
     elif any(f"/server/{m}.py" in innermost for m in ("_forward", "_asgi", "_metrics", "_gc")):
         layer = "forwarder"
     elif "/hypercorn/" in innermost or any(
-        m in innermost for m in ("/server/_worker.py", "/server/_appchannel.py", "/trioforward/_listener.py")
+        m in innermost for m in ("/server/_worker.py", "/server/_tcpserver.py", "/server/_appchannel.py",
+                                 "/trioforward/_listener.py")
     ):
         layer = "response write" if under_send else "front server"
     return layer, _part(layer, stack)
