@@ -52,6 +52,19 @@ class FutureExpired(LookupError):
     """The id was issued, but its result expired or its owner left (HTTP 410)."""
 
 
+class _Claim:
+    """One pending dedupe claim: the key, the candidate id, and its answer."""
+
+    __slots__ = ("key", "request_id", "done", "result", "failed")
+
+    def __init__(self, key: str, request_id: str) -> None:
+        self.key = key
+        self.request_id = request_id
+        self.done = trio.Event()
+        self.result: str | None = None
+        self.failed: str | None = None
+
+
 class SharedFutures:
     """This member's side of the fleet's futures. Built by the :class:`Fleet`."""
 
@@ -64,25 +77,65 @@ class SharedFutures:
         self._timeout = settings.member_ttl
         self._send, self._receive = trio.open_memory_channel[tuple[str, bytes]](float("inf"))
         self._waiters: dict[str, trio.Event] = {}
+        self._claims: list[_Claim] = []
+        self._claims_ready = trio.Event()
 
     # -- submitting ---------------------------------------------------------------
 
     async def claim(self, session: str, seq_id: Any, request_id: str) -> str | None:
         """Claim ``(session, seq_id)`` for ``request_id``. Returns ``None`` if this
         call claimed it (run the sample), else the id claimed first (anywhere).
-        Raises :class:`StateUnavailable` when Redis does not answer in time."""
+        Claims made while a batch is in flight go out together in the next
+        pipeline (:meth:`run_claims`). Raises :class:`StateUnavailable` when Redis
+        does not answer within ``member_ttl`` (the claim may still have been
+        made: the caller runs its own claims it finds unheld on a resubmit)."""
         if self._fleet.degraded:
             raise StateUnavailable("shared state unreachable")
-        key = self._keys.dedupe(session, str(seq_id))
+        slot = _Claim(self._keys.dedupe(session, str(seq_id)), request_id)
+        self._claims.append(slot)
+        self._claims_ready.set()
         with trio.move_on_after(self._timeout):
+            await slot.done.wait()
+        if not slot.done.is_set():
+            raise StateUnavailable("shared state did not answer in time")
+        if slot.failed is not None:
+            raise StateUnavailable(slot.failed)
+        return slot.result
+
+    async def run_claims(self) -> None:
+        """Send the queued claims, one pipeline of ``SET NX GET`` per batch, until
+        cancelled. Every claim of a batch gets its answer or its failure."""
+        while True:
+            await self._claims_ready.wait()
+            self._claims_ready = trio.Event()
+            batch, self._claims = self._claims, []
+            if not batch:
+                continue
             try:
-                previous = await self._fleet.redis.set(
-                    key, request_id, condition=PureToken.NX, get=True, px=self._dedupe_ms
-                )
+                with trio.move_on_after(self._timeout) as scope:
+                    async with self._fleet.redis.pipeline(transaction=False) as pipe:
+                        replies = [
+                            pipe.set(
+                                slot.key,
+                                slot.request_id,
+                                condition=PureToken.NX,
+                                get=True,
+                                px=self._dedupe_ms,
+                            )
+                            for slot in batch
+                        ]
+                    for slot, reply in zip(batch, replies, strict=True):
+                        previous = await reply
+                        slot.result = None if previous is None else bytes(previous).decode()
+                if scope.cancelled_caught:
+                    for slot in batch:
+                        slot.failed = "shared state did not answer in time"
             except STATE_ERRORS as exc:
-                raise StateUnavailable(f"shared state unreachable ({type(exc).__name__})") from None
-            return None if previous is None else bytes(previous).decode()
-        raise StateUnavailable("shared state did not answer in time")
+                for slot in batch:
+                    slot.failed = f"shared state unreachable ({type(exc).__name__})"
+            finally:
+                for slot in batch:
+                    slot.done.set()
 
     # -- finishing ----------------------------------------------------------------
 

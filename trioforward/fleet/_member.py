@@ -316,6 +316,7 @@ async def open_fleet(
             nursery.start_soon(fleet.run)
             nursery.start_soon(fleet.listen)
             nursery.start_soon(fleet.futures.run)
+            nursery.start_soon(fleet.futures.run_claims)
             nursery.start_soon(fleet.control.run)
             try:
                 yield fleet
