@@ -141,3 +141,51 @@ def test_version_labels_are_bounded() -> None:
     assert len(series) == MAX_VERSION_LABELS
     assert f'weight_version="step-{3 * MAX_VERSION_LABELS - 1}"' in text
     assert 'weight_version="step-0"' not in text
+
+
+async def test_tinker_results_carry_the_weight_version(fd_baseline: int) -> None:
+    # The SampleResponse protobuf has no field for it: the retrieve_future answer
+    # carries X-Weight-Version and the sampler info says what samples run on now.
+    sample = {
+        "type": "sample",
+        "num_samples": 1,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [11, 12, 13]}]},
+        "sampling_params": {"max_tokens": 5, "seed": 3, "temperature": 1.0},
+    }
+    async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            session = (await client.post("/api/v1/create_session", json={"tags": []})).json()
+            created = await client.post(
+                "/api/v1/create_sampling_session",
+                json={"session_id": session["session_id"], "base_model": "sim-base"},
+            )
+            sampler = created.json()["sampling_session_id"]
+
+            async def submit(seq: int) -> str:
+                body = {**sample, "sampling_session_id": sampler, "seq_id": seq}
+                answer = await client.post("/api/v1/asample", json=body)
+                assert answer.status_code == 200 and "x-weight-version" not in answer.headers
+                return str(answer.json()["request_id"])
+
+            async def retrieve(request_id: str) -> httpx.Response:
+                answer = await client.post("/api/v1/retrieve_future", json={"request_id": request_id})
+                assert answer.status_code == 200
+                assert answer.headers["content-type"] == "application/x-protobuf"
+                return answer
+
+            before = await retrieve(await submit(0))
+            assert "x-weight-version" not in before.headers  # no version recorded yet
+            assert (await client.post("/admin/pause", json={})).status_code == 200
+            held = await submit(1)  # waits at the gate: dispatched after the resume
+            resumed = await client.post("/admin/resume", json={"weight_version": "step-7"})
+            assert resumed.status_code == 200
+            after = await retrieve(held)
+            assert after.headers["x-weight-version"] == "step-7"
+            repoll = await retrieve(held)
+            assert repoll.content == after.content
+            assert repoll.headers["x-weight-version"] == "step-7"
+            info = (await client.get(f"/api/v1/samplers/{sampler}")).json()
+            assert info["weight_version"] == "step-7"
+            metrics = (await client.get("/metrics")).text
+        assert 'trioforward_weight_version_requests_total{weight_version="step-7"} 1.0' in metrics
+        assert engine.stats.by_path["/v1/completions"] == 2

@@ -49,6 +49,7 @@ class _Response:
     status: int
     content: bytes
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    weight_version: str | None = None
 
 
 class _Adapters:
@@ -82,6 +83,7 @@ class ScriptedClient:
         self.gate: trio.Event | None = None
         self.status = 200
         self.finished = 0
+        self.weight_version: str | None = None
 
     def retry_after_hint(self, error: Any) -> int:
         return 1

@@ -184,7 +184,12 @@ async def test_bad_request_and_unknown_sampler(fd_baseline: int) -> None:
             r = await http.post("/api/v1/asample", json=asample_body("nope", 0))
             assert r.status_code == 404
             r = await http.get(f"/api/v1/samplers/{sampler}")
-            assert r.json() == {"sampler_id": sampler, "base_model": "sim-base", "model_path": None}
+            assert r.json() == {
+                "sampler_id": sampler,
+                "base_model": "sim-base",
+                "model_path": None,
+                "weight_version": None,
+            }
         assert engine.requests == []
 
 

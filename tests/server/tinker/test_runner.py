@@ -59,7 +59,7 @@ class _TimingOut:
 
 
 async def test_gateway_failures_are_server_errors() -> None:
-    body, content_type = await run_sample(_TimingOut(), job(0))  # type: ignore[arg-type]
+    body, content_type, _ = await run_sample(_TimingOut(), job(0))  # type: ignore[arg-type]
     assert content_type == "application/json"
     doc = orjson.loads(body)
     assert doc["category"] == "server" and "DispatchTimeout" in doc["error"]

@@ -105,7 +105,8 @@ def _retrieve(call: Call) -> Awaitable[None]:
 
 
 async def _deliver(state: TinkerState, future: Future, call: Call) -> None:
-    """Hold a pending ``future`` (408 past the hold), then send its stored bytes."""
+    """Hold a pending ``future`` (408 past the hold), then send its stored bytes,
+    with ``X-Weight-Version`` when the weights that produced them had a version."""
     if future.state == PENDING:
         done = await state.store.wait(future.request_id)
         if done is None:
@@ -114,7 +115,9 @@ async def _deliver(state: TinkerState, future: Future, call: Call) -> None:
             return
         future = done
     call.log.complete = True
-    await respond(call.send, 200, future.body, future.content_type.encode())
+    version = future.weight_version  # the protobuf has no field for it: docs/tinker.md
+    extra = () if version is None else ((b"x-weight-version", version.encode()),)
+    await respond(call.send, 200, future.body, future.content_type.encode(), extra)
     state.store.mark_delivered(future)
 
 

@@ -78,6 +78,7 @@ class Future:
         "content_type",
         "event",
         "deadline",
+        "weight_version",
     )
 
     def __init__(self, request_id: str, key: Hashable | None, num_samples: int) -> None:
@@ -89,6 +90,8 @@ class Future:
         self.content_type = ""
         self.event: trio.Event | None = None
         self.deadline = 0.0
+        # The weights that produced the result (``X-Weight-Version``, docs/operations.md).
+        self.weight_version: str | None = None
 
     @property
     def sample_sequence_ids(self) -> list[str]:
@@ -199,12 +202,18 @@ class FutureStore:
             self._deduplicated += 1
         return future
 
-    def resolve(self, future: Future, body: bytes, content_type: str) -> None:
-        """Store the finished result (encoded once) and wake its pollers."""
+    def resolve(
+        self, future: Future, body: bytes, content_type: str, weight_version: str | None = None
+    ) -> None:
+        """Store the finished result (encoded once) and wake its pollers.
+
+        ``weight_version``: the version of the weights that produced it (``None``:
+        none recorded), answered as ``X-Weight-Version`` by ``retrieve_future``."""
         if future.state != PENDING:
             return
         future.body = body
         future.content_type = content_type
+        future.weight_version = weight_version
         future.state = READY
         self._outstanding -= 1
         self._ready[future.request_id] = future

@@ -155,7 +155,10 @@ async def create_sampling_session() -> Response:
 
 @blueprint.route("/samplers/<sampler_id>", methods=["GET"])
 async def get_sampler(sampler_id: str) -> Response:
-    sampler = tinker_state().sampler(sampler_id)
+    # ``weight_version``: the version samples dispatched now run on (the SDK's
+    # GetSamplerResponse ignores fields it does not know; docs/tinker.md).
+    state = tinker_state()
+    sampler = state.sampler(sampler_id)
     if sampler is None:
         return _error(404, f"unknown sampler {sampler_id!r}", "not_found")
     return _json(
@@ -163,6 +166,7 @@ async def get_sampler(sampler_id: str) -> Response:
             "sampler_id": sampler.sampler_id,
             "base_model": sampler.base_model,
             "model_path": sampler.model_path,
+            "weight_version": state.client.weight_version,
         }
     )
 

@@ -83,8 +83,13 @@ def _engine_error_message(status: int, body: bytes) -> str:
 METRICS_ROUTE = "tinker_sample"
 
 
-async def run_sample(client: Any, job: SampleJob, metrics: Any = None) -> tuple[bytes, str]:
-    """Forward one sample and encode its outcome. Never raises (except Cancelled).
+async def run_sample(
+    client: Any, job: SampleJob, metrics: Any = None
+) -> tuple[bytes, str, str | None]:
+    """Forward one sample and encode its outcome: ``(body, content type, weight
+    version)``, the version being the engine answer's ``X-Weight-Version``
+    (``None`` when no answer came or no version was recorded; docs/operations.md).
+    Never raises (except Cancelled).
 
     ``metrics`` (the server's ``Metrics``, optional) observes the forward's
     status, queue wait and engine time, like any OpenAI-path request.
@@ -108,23 +113,27 @@ async def run_sample(client: Any, job: SampleJob, metrics: Any = None) -> tuple[
             metrics.observe(
                 METRICS_ROUTE, err.status, queue_time=err.queue_time, engine_time=err.engine_time
             )
-        return encode_error(f"{type(err).__name__}: {err.message}", "server"), JSON
+        return encode_error(f"{type(err).__name__}: {err.message}", "server"), JSON, None
     except Exception as err:  # a bug must fail one sample, not the server's nursery
         log.exception("tinker sample failed")
-        return encode_error(f"gateway error: {type(err).__name__}: {err}", "server"), JSON
-    status = response.status
+        return encode_error(f"gateway error: {type(err).__name__}: {err}", "server"), JSON, None
+    status, version = response.status, response.weight_version
     if metrics is not None:
         metrics.observe(
-            METRICS_ROUTE, status, queue_time=response.queue_time, engine_time=response.engine_time
+            METRICS_ROUTE,
+            status,
+            queue_time=response.queue_time,
+            engine_time=response.engine_time,
+            weight_version=version,
         )
     if not 200 <= status < 300:
         category = "user" if 400 <= status < 500 and status not in (408, 429) else "server"
-        return encode_error(_engine_error_message(status, response.content), category), JSON
+        return encode_error(_engine_error_message(status, response.content), category), JSON, version
     try:
-        return encode_completion(response.content, job)
+        return (*encode_completion(response.content, job), version)
     except Exception as err:
         log.warning("undecodable engine answer for %s: %s", job.session, err)
-        return encode_error(f"undecodable engine answer: {err}", "server"), JSON
+        return encode_error(f"undecodable engine answer: {err}", "server"), JSON, version
 
 
 class SampleRunner:
@@ -170,8 +179,8 @@ class SampleRunner:
         try:
             while self._queue:
                 future, job = self._queue.popleft()
-                body, content_type = await run_sample(self.client, job, self.metrics)
-                self.store.resolve(future, body, content_type)
+                body, content_type, version = await run_sample(self.client, job, self.metrics)
+                self.store.resolve(future, body, content_type, version)
                 self.completed_total += 1
         finally:
             self._workers -= 1
