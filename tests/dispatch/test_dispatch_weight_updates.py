@@ -280,3 +280,32 @@ async def test_the_moved_deadline_still_holds_after_resume(
         assert errors[0].status == 504 and errors[0].code == "dispatch_timeout"
         assert 35.0 <= trio.current_time() - start < 35.1
         await engine.stats.wait_for(lambda s: s.aborted == 1)
+
+
+async def test_time_frozen_on_a_keep_paused_engine_is_not_charged_to_the_read_timeout(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # read_timeout bounds the silence between body bytes: a stream frozen 30 s
+    # by a keep pause is silent 15 times as long, yet is not a timeout.
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine, read_timeout=2.0) as client,
+    ):
+        done: list[float] = []
+
+        async def one() -> None:
+            start = trio.current_time()
+            async with client.stream(COMPLETION, json={**gen(), "stream": True}) as fs:
+                text = await fs.aread()
+            assert text.endswith(b"data: [DONE]\n\n")
+            done.append(trio.current_time() - start)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.5)
+            await client.pause(engine_mode="keep")
+            await trio.sleep(30)  # 15 times the read timeout without a byte
+            await client.resume()
+        assert 31.0 <= done[0] < 31.2  # 1 s of decoding plus the 30 s frozen
+        assert engine.stats.completed == 1 and engine.stats.by_path[COMPLETION] == 1

@@ -117,7 +117,10 @@ class ConnectionPool:
             extend: asked, when ``deadline`` passes while waiting for response
                 bytes, for the deadline now in force; a later one is waited
                 for instead of failing (a request frozen on a paused engine:
-                docs/operations.md). Called only then: nothing on the fast path.
+                docs/operations.md). Asked too when ``read_timeout`` fires: a
+                later deadline means the request was frozen since the deadline
+                last moved, so the silence restarts (a full ``read_timeout``)
+                instead of failing. Called only then: nothing on the fast path.
 
         Returns a :class:`Response` (any status). Raises :class:`PoolError`
         subclasses with ``.phase``, ``.reused``, ``.response_bytes``;
@@ -187,9 +190,9 @@ class ConnectionPool:
                             with trio.CancelScope(deadline=limit) as scope:
                                 await _wait_readable(fd)
                             if scope.cancelled_caught:
-                                if what == "deadline" and extend is not None:
+                                if extend is not None:
                                     later = extend()
-                                    if later > deadline:
+                                    if later > deadline:  # frozen meanwhile: wait on
                                         deadline = later
                                         continue
                                 raise Attempt(origin.spec, phase, reused, received).timeout(what)

@@ -141,10 +141,11 @@ class StreamContext:
         self.progress = progress
 
     def extended(self) -> bool:
-        """After a timeout: True if the deadline had passed and ``extend`` moved it
-        later (see :meth:`ConnectionPool.request`), so the wait goes on."""
-        if self.extend is None or trio.current_time() < self.deadline:
-            return False  # no hook, or the read timeout fired
+        """After a timeout (the deadline or ``read_timeout``): True if ``extend``
+        moved the deadline later (see :meth:`ConnectionPool.request`), so the wait
+        goes on (a silence restarts with a full ``read_timeout``)."""
+        if self.extend is None:
+            return False
         later = self.extend()
         if later <= self.deadline:
             return False
