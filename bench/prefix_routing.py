@@ -15,10 +15,28 @@ workloads each, engine caches and counters reset between runs:
 - ``skewed``: one hot prefix (75 % of the requests, a unique tail each), the
   rest unique prompts, at a fixed concurrency.
 
+Engine timing: 4 requests at once, 0.5 ms a prompt token of prefill and
+5 ms a decode step. A decode step of 5 ms is the order of a small model on
+one GPU, and a prompt token costs a tenth of a generated one, about the ratio
+of vLLM's prefill to decode throughput. Time is scaled so that engine time,
+not the client's and gateway's CPU on the shared 2 cores, sets the wall:
+with 2 ms steps and 0.2 ms a token, least-outstanding's GRPO batches took
+1.7x their engine time and the routers' differences were in the noise.
+trioforward is told the engines' capacity (``engine_capacity`` = 4, as
+docs/configuration.md asks: vLLM's ``max_num_seqs``), so a burst queues at
+the gateway, where routing sees it; smg forwards at once and the engines queue.
+Answers are 16 tokens, so prefill is a large share of the work: with long
+answers the cache saves less time, in proportion.
+
+Each target's ``busy`` is the engine time the timing model charges (prefill
+of the computed tokens, decode of the answers); ``work vs least-outst.`` is its
+total over least-outstanding's, the time the cache saves if no slot idles.
+
 ``prefix:1.1`` is ``prefix`` with ``prefix_load_factor = 1.1`` (the default is
-1.25): the knob's trade between cache reuse and balance. Each engine's running
-+ queued count is sampled every 20 ms; its peak is compared with the load bound
-of ``routing = "prefix"`` (``prefix_load_factor`` times the mean, at the
+1.25): the knob's trade between cache reuse and balance. Each engine's
+outstanding count (in flight + queued, at the gateway for trioforward, on the
+engine for smg) is sampled every 20 ms; its peak is compared with the load
+bound of ``routing = "prefix"`` (``prefix_load_factor`` times the mean, at the
 workload's peak concurrency).
 
 Prompts are text (smg's HTTP router refuses token-id prompts: its
@@ -368,8 +386,11 @@ def run(args: Any) -> dict[str, Any]:
         f"task {args.task}, +{args.new_tokens} tokens a turn); grpo {args.rounds} batches of "
         f"{args.groups} groups x {args.group_size}; skewed {args.skewed_requests} requests at concurrency "
         f"{args.concurrency}, 3/4 on a {args.hot}-token hot prefix; max_tokens {args.max_tokens}",
+        "gateway": f"trioforward serve --engine-capacity {args.gateway_capacity or args.capacity}",
         "note": "2 cores shared with other work: compare within this run. smg cache_aware with its "
-        "defaults (cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5).",
+        "defaults (cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5). "
+        "busy_s_per_engine: engine time by the timing model (prefill of computed tokens + "
+        "max_tokens decode steps per request).",
         "skipped": skipped,
         "results": rows,
         "ratios": _ratios(rows),
@@ -388,6 +409,9 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry["cached_share_vs_session"] = r["cached_share"] / session["cached_share"]
         if least:
             entry["wall_vs_least_outstanding"] = r["wall_s"] / least["wall_s"]
+            entry["work_vs_least_outstanding"] = sum(r["busy_s_per_engine"]) / sum(
+                least["busy_s_per_engine"]
+            )
         out.append(entry)
     return out
 
@@ -401,9 +425,9 @@ def format_table(report: dict[str, Any]) -> str:
 
     lines = [
         "| workload | router | errors | computed | cached | cached share | vs session | wall s "
-        "| vs least-outst. | p50 ms | p99 ms | requests per engine | peak engine load "
-        "| bound |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| vs least-outst. | work vs least-outst. | p50 ms | p99 ms | requests per engine "
+        "| busy s per engine | peak engine load | bound |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for r in report["results"]:
         ratio = ratios.get((r["workload"], r["target"]), {})
@@ -411,8 +435,10 @@ def format_table(report: dict[str, Any]) -> str:
             f"| {r['workload']} | {r['target']} | {r['errors']} | {r['prompt_tokens_computed']} | "
             f"{r['prompt_tokens_cached']} | {fmt(r['cached_share'], '.2f')} | "
             f"{fmt(ratio.get('cached_share_vs_session'), '.2f')} | {fmt(r['wall_s'], '.2f')} | "
-            f"{fmt(ratio.get('wall_vs_least_outstanding'), '.2f')} | {fmt(r['p50_ms'], '.0f')} | "
+            f"{fmt(ratio.get('wall_vs_least_outstanding'), '.2f')} | "
+            f"{fmt(ratio.get('work_vs_least_outstanding'), '.2f')} | {fmt(r['p50_ms'], '.0f')} | "
             f"{fmt(r['p99_ms'], '.0f')} | {' '.join(map(str, r['requests_per_engine']))} | "
+            f"{' '.join(format(b, '.1f') for b in r.get('busy_s_per_engine', []))} | "
             f"{r['peak_engine_load']} | {r['bound']} |"
         )
     for target, why in report.get("skipped", {}).items():
@@ -426,8 +452,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--capacity", type=int, default=4, help="requests each engine runs at once")
     p.add_argument("--gateway-capacity", type=int, default=0,
                    help="trioforward's engine_capacity (default: --capacity, the engines' own)")
-    p.add_argument("--prefill-ms", type=float, default=0.2, help="prefill per uncached token (ms)")
-    p.add_argument("--decode-ms", type=float, default=2.0, help="per decode step (ms)")
+    p.add_argument("--prefill-ms", type=float, default=0.5, help="prefill per uncached token (ms)")
+    p.add_argument("--decode-ms", type=float, default=5.0, help="per decode step (ms)")
     p.add_argument("--cache-tokens", type=int, default=1 << 16, help="prefix cache per engine")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--sessions", type=int, default=32)
