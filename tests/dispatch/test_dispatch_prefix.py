@@ -23,7 +23,11 @@ class FakeEngine:
         self.seed = stable_hash(name)
         self.eligible = True
         self.outstanding = 0
-        self.capacity = 0
+        self.capacity = 0  # 0 = unlimited
+
+    @property
+    def free_slot(self) -> bool:
+        return self.capacity == 0 or self.outstanding < self.capacity
 
     def __repr__(self) -> str:
         return self.url

@@ -102,6 +102,11 @@ class Engine:
     def outstanding(self) -> int:
         return self.in_flight + self.queued
 
+    @property
+    def free_slot(self) -> bool:
+        """A request routed here now takes a token without queueing."""
+        return self.limiter.available_tokens >= 1
+
     def info(self) -> EngineInfo:
         return EngineInfo(
             self.url,

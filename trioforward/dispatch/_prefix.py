@@ -22,7 +22,8 @@ already holds the longest prefix of its prompt. Three rules choose it:
    ``load_factor`` times the mean, and some engine always has room.
 
 3. **Work conservation.** A request that would queue on the chosen engine
-   (no free slot: ``outstanding >= capacity``) while another engine with room
+   (no free slot: all of this process's share of its capacity is taken)
+   while another engine with room
    has a free slot goes to the first such engine in the anchor's order. The
    other half — a slot that frees takes a request queued elsewhere — is the
    dispatcher's (``Dispatcher._conserve``), since only it sees slots free.
@@ -182,7 +183,7 @@ class PrefixRouter:
         chosen = self._remembered(key, avoid, room)
         if chosen is None:
             chosen = self._ranked(engines, key.anchor, avoid, room)
-        if chosen is not None and not _free(chosen):
+        if chosen is not None and not chosen.free_slot:
             # Work conservation: a request that would queue while another engine
             # has a free slot (and room) goes there instead.
             chosen = _spare(engines, key.anchor, avoid, room) or chosen
@@ -230,17 +231,12 @@ class PrefixRouter:
             table.popitem(last=False)
 
 
-def _free(engine: Routable) -> bool:
-    """``engine`` has a free slot: a request sent to it now runs without queueing."""
-    return engine.capacity <= 0 or engine.outstanding < engine.capacity
-
-
 def _spare(engines: Sequence[E], anchor: int, avoid: E | None, room: int) -> E | None:
     """The first engine in ``anchor``'s preference order with a free slot and room."""
     best: E | None = None
     best_score = -1
     for e in engines:
-        if e.eligible and e is not avoid and e.outstanding < room and _free(e):
+        if e.eligible and e is not avoid and e.outstanding < room and e.free_slot:
             score = rendezvous_score(anchor, e.seed)
             if score > best_score:
                 best, best_score = e, score

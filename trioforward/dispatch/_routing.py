@@ -44,7 +44,7 @@ class Routable(Protocol):
     def seed(self) -> int: ...  # stable 64-bit hash of its URL
 
     @property
-    def capacity(self) -> int: ...  # requests it runs at once (0 = unlimited)
+    def free_slot(self) -> bool: ...  # a request sent now runs without queueing
 
 
 def stable_hash(text: str) -> int:
