@@ -9,6 +9,7 @@ import trio
 import trio.testing
 from dispatch_testing import COMPLETION, body, client_for, completions
 
+from trioforward.dispatch._routing import rendezvous_score, stable_hash
 from trioforward.sim import open_engine
 
 
@@ -177,3 +178,40 @@ async def test_prefix_routing_is_work_conserving(fd_baseline: int) -> None:
             assert second.stats.running == 1 and completions(second) == 1
             second.end_stall()
         assert done == {"other": first.url, "copy 1": second.url, "copy 2": first.url}
+
+
+async def test_work_conservation_leaves_session_requests_where_their_session_is(
+    fd_baseline: int,
+) -> None:
+    async with (
+        open_engine() as e1,
+        open_engine() as e2,
+        client_for(e1, e2, routing="prefix", engine_capacity=1, prefix_load_factor=4.0) as client,
+    ):
+        # A session key whose engine (rendezvous order) is e1.
+        key = next(
+            k
+            for k in (f"conversation-{i}" for i in range(100))
+            if rendezvous_score(stable_hash(k), stable_hash(e1.url))
+            > rendezvous_score(stable_hash(k), stable_hash(e2.url))
+        )
+        for e in (e1, e2):
+            e.prefill_stall(math.inf)
+
+        async def post(prompt: list[int], session: str | None = None) -> None:
+            await client.post(COMPLETION, json=body(prompt=prompt), session=session)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, list(range(100, 164)), key)  # runs on e1
+            nursery.start_soon(post, list(range(200, 264)), key)  # queues for e1
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(post, list(range(300, 364)))  # the free slot: e2
+            await trio.testing.wait_all_tasks_blocked()
+            assert e1.stats.running == 1 and e2.stats.running == 1
+            assert client.statistics().queued == 1
+            e2.end_stall()  # e2's slot frees while a session request queues for e1
+            await e2.stats.wait_for(lambda s: s.running == 0 and s.by_path[COMPLETION] == 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.statistics().queued == 1 and completions(e2) == 1
+            e1.end_stall()
+        assert completions(e1) == 2 and completions(e2) == 1
