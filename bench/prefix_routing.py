@@ -21,7 +21,7 @@ one GPU, and a prompt token costs a tenth of a generated one, about the ratio
 of vLLM's prefill to decode throughput. Time is scaled so that engine time,
 not the client's and gateway's CPU on the shared 2 cores, sets the wall:
 with 2 ms steps and 0.2 ms a token, least-outstanding's GRPO batches took
-1.7x their engine time and the routers' differences were in the noise.
+1.4-1.7x their engine time and the routers' differences were in the noise.
 trioforward is told the engines' capacity (``engine_capacity`` = 4, as
 docs/configuration.md asks: vLLM's ``max_num_seqs``), so a burst queues at
 the gateway, where routing sees it; smg forwards at once and the engines queue.
