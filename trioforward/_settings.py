@@ -73,6 +73,8 @@ class Settings:
     adapters: dict[str, str] = _knob({}, "LoRA adapters the gateway may load on demand: name = path", "name=path", "adapters")
     adapter_root: str = _knob("./adapters", "absolute directory, as the engines see it, of tinker://RUN/sampler_weights/NAME adapters (<root>/RUN/NAME); a relative one refuses such paths", "path", "adapters")
     adapter_load_timeout: float = _knob(10.0, "timeout of one POST /v1/load_lora_adapter", "s", "adapters")
+    max_loaded_adapters: int = _knob(4, "adapters kept loaded per engine; beyond, the least recently used one not in use is unloaded (POST /v1/unload_lora_adapter); match the engines' --max-cpu-loras; 0 = unlimited", "adapters", "adapters")
+    max_registered_adapters: int = _knob(1024, "adapters the gateway keeps registered; beyond, the least recently used one not in use is forgotten; 0 = unlimited", "adapters", "adapters")
     adapter_max_attempts: int = _knob(6, "completion attempts while an adapter is being loaded", "attempts", "adapters")
     adapter_backoff_max: float = _knob(2.0, "largest backoff between adapter retries (0.1*2^k)", "s", "adapters")
     engine_kind: str = _knob("auto", "weight-update endpoints of the engines: auto (detected at the first engine pause) | vllm | sglang | none (docs/operations.md)", "")

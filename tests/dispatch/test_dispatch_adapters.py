@@ -39,7 +39,7 @@ async def test_adapter_race_one_load_per_engine(
             assert e.stats.adapter_loads["lora-a"] == 1
             assert e.stats.by_path["/v1/load_lora_adapter"] == 1
             assert completions(e) <= 32  # 16 requests, at most 2 attempts each
-        assert client.statistics().adapter_loads == {(e1.url, "lora-a"): 1, (e2.url, "lora-a"): 1}
+        assert client.statistics().adapter_loads == {e1.url: 1, e2.url: 1}
         # Later requests skip the race: one attempt, no new load.
         r = await client.post(COMPLETION, json=body(model="lora-a"))
         assert r.attempts == 1
@@ -119,7 +119,7 @@ async def test_an_engine_that_lost_an_adapter_gets_it_loaded_again(fd_baseline: 
         again = await client.post(COMPLETION, json=body(model="lora-a"))
         assert again.status == 200 and again.attempts == 2
         assert engine.stats.by_path["/v1/load_lora_adapter"] == 2
-        assert client.statistics().adapter_loads == {(engine.url, "lora-a"): 2}
+        assert client.statistics().adapter_loads == {engine.url: 2}
 
 
 async def test_adapter_registry_api(fd_baseline: int) -> None:
@@ -151,3 +151,46 @@ async def test_concurrent_requests_share_a_failed_load(fd_baseline: int) -> None
         assert all("lora-a" in str(e) for e in errors)
         # The 404s arrive together: the requests share one (failed) load.
         assert engine.stats.by_path["/v1/load_lora_adapter"] <= 2
+
+
+async def test_lru_unload_never_takes_an_adapter_in_use(fd_baseline: int) -> None:
+    # One adapter slot per engine. A long request keeps lora-a in use while lora-b
+    # is loaded: lora-a stays (the engine is over the bound for a while) and its
+    # request completes; the next load unloads the least recently used idle one.
+    adapters = {n: f"/adapters/{n}" for n in ("lora-a", "lora-b", "lora-c")}
+    async with (
+        open_engine(decode_ms_per_token=20) as engine,
+        client_for(engine, adapters=adapters, max_loaded_adapters=1) as client,
+    ):
+        results: list[ForwardResponse] = []
+
+        async def one(model: str, tokens: int) -> None:
+            results.append(await client.post(COMPLETION, json=body(model=model, max_tokens=tokens)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "lora-a", 50)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await one("lora-b", 1)
+            assert set(engine.adapters.loaded) == {"lora-a", "lora-b"}  # a is in use
+            assert sum(engine.stats.adapter_unloads.values()) == 0
+        await one("lora-c", 1)  # a and b idle now: both go, least recently used first
+        assert [r.status for r in results] == [200] * 3
+        assert list(engine.adapters.loaded) == ["lora-c"]
+        assert engine.stats.adapter_unloads == {"lora-a": 1, "lora-b": 1}
+        assert client.statistics().adapters_loaded == {engine.url: ["lora-c"]}
+        assert client.statistics().adapter_unloads == {engine.url: 2}
+
+
+def test_the_registry_forgets_the_least_recently_used_idle_adapter() -> None:
+    from trioforward.dispatch._adapters import AdapterRegistry
+
+    registry = AdapterRegistry(limit=2)
+    registry.register("a", "/a")
+    registry.register("b", "/b")
+    registry.in_use["a"] += 1  # a request is using a
+    registry.register("c", "/c")
+    assert registry.list() == {"a": "/a", "c": "/c"}  # b was the oldest idle one
+    registry.touch("a")
+    registry.in_use.clear()
+    registry.register("d", "/d")
+    assert registry.list() == {"a": "/a", "d": "/d"} and registry.dropped == 2

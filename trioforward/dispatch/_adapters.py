@@ -9,8 +9,9 @@ outcome. A 400 saying the adapter "has already been loaded" is success.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import orjson
 import trio
@@ -21,20 +22,43 @@ from trioforward.http import ConnectionPool, Phase, PoolError
 
 __all__ = ["AdapterRegistry", "AdapterLoader"]
 
+log = logging.getLogger("trioforward.dispatch")
+
 
 class AdapterRegistry:
     """``client.adapters``: which model names are LoRA adapters, and where they live."""
 
-    __slots__ = ("_paths",)
+    __slots__ = ("_paths", "limit", "in_use", "dropped")
 
-    def __init__(self, paths: dict[str, str] | None = None) -> None:
-        self._paths: dict[str, str] = dict(paths or {})
+    def __init__(self, paths: dict[str, str] | None = None, limit: int = 0) -> None:
+        # Least recently used first: registration and each dispatch move a name last.
+        self._paths: OrderedDict[str, str] = OrderedDict(paths or {})
+        self.limit = limit  # 0 = unlimited
+        self.in_use: Counter[str] = Counter()  # requests dispatched with the adapter now
+        self.dropped = 0  # forgotten to stay within ``limit``
 
     def register(self, name: str, path: str) -> None:
-        """Make ``name`` loadable from ``path`` (an engine-side path)."""
+        """Make ``name`` loadable from ``path`` (an engine-side path).
+
+        Beyond ``limit`` registered adapters the least recently used one that no
+        request is using is forgotten (an RL run makes one adapter per step; the
+        old ones are not asked for again). If every one is in use the registry
+        stays over the bound until the next registration.
+        """
         if not name or not path:
             raise ValueError("an adapter needs a name and a path")
         self._paths[name] = path
+        self._paths.move_to_end(name)
+        excess = len(self._paths) - self.limit if self.limit else 0
+        if excess > 0:
+            for old in [n for n in self._paths if n != name and not self.in_use.get(n)][:excess]:
+                del self._paths[old]
+                self.dropped += 1
+
+    def touch(self, name: str) -> None:
+        """``name`` was just asked for: it becomes the most recently used."""
+        if name in self._paths:
+            self._paths.move_to_end(name)
 
     def unregister(self, name: str) -> None:
         """Forget ``name`` (engines that loaded it keep it). Unknown names are ignored."""
@@ -73,15 +97,62 @@ class AdapterLoader:
     that raced a load does not start another) and the loads in progress.
     """
 
-    __slots__ = ("registry", "pool", "timeout", "loads", "_epochs", "_flights")
+    __slots__ = (
+        "registry",
+        "pool",
+        "timeout",
+        "max_loaded",
+        "loads",
+        "unloads",
+        "_epochs",
+        "_flights",
+        "_loaded",
+        "_busy",
+    )
 
-    def __init__(self, registry: AdapterRegistry, pool: ConnectionPool, timeout: float) -> None:
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        pool: ConnectionPool,
+        timeout: float,
+        max_loaded: int = 0,
+    ) -> None:
         self.registry = registry
         self.pool = pool
         self.timeout = timeout
-        self.loads: Counter[tuple[str, str]] = Counter()
+        self.max_loaded = max_loaded  # per engine; 0 = unlimited
+        # Per engine URL, not per adapter: a run makes a new adapter per step.
+        self.loads: Counter[str] = Counter()
+        self.unloads: Counter[str] = Counter()
         self._epochs: dict[tuple[str, str], int] = {}
         self._flights: dict[tuple[str, str], _Flight] = {}
+        # engine URL -> adapters we loaded there, least recently used first.
+        self._loaded: dict[str, OrderedDict[str, None]] = {}
+        self._busy: Counter[tuple[str, str]] = Counter()  # dispatched requests per pair
+
+    def begin(self, engine: Engine, name: str) -> None:
+        """A request for adapter ``name`` is dispatched to ``engine``: it is in use
+        there (never unloaded meanwhile) and the most recently used."""
+        self._busy[(engine.url, name)] += 1
+        self.registry.in_use[name] += 1
+        self.registry.touch(name)
+        loaded = self._loaded.get(engine.url)
+        if loaded is not None and name in loaded:
+            loaded.move_to_end(name)
+
+    def end(self, engine: Engine, name: str) -> None:
+        """The request :meth:`begin` counted has left ``engine``."""
+        key = (engine.url, name)
+        self._busy[key] -= 1
+        if self._busy[key] <= 0:
+            del self._busy[key]
+        self.registry.in_use[name] -= 1
+        if self.registry.in_use[name] <= 0:
+            del self.registry.in_use[name]
+
+    def loaded(self) -> dict[str, list[str]]:
+        """Engine URL -> the adapters loaded there by the gateway, least recently used first."""
+        return {url: list(names) for url, names in self._loaded.items() if names}
 
     async def before_attempt(self, engine: Engine, name: str) -> int:
         """Wait for a load of ``name`` under way on ``engine`` (skip the race), then
@@ -157,7 +228,11 @@ class AdapterLoader:
             key = (engine.url, name)
             self._epochs[key] = self._epochs.get(key, 0) + 1
             if status == 200:
-                self.loads[(engine.url, name)] += 1
+                self.loads[engine.url] += 1
+            loaded = self._loaded.setdefault(engine.url, OrderedDict())
+            loaded[name] = None
+            loaded.move_to_end(name)
+            await self._evict(engine, loaded)
             return
         detail = response.content[:300].decode("utf-8", "replace")
         if status == 404:
@@ -177,3 +252,38 @@ class AdapterLoader:
             phase=Phase.READ_BODY,
             engine=engine.url,
         )
+
+    async def _evict(self, engine: Engine, loaded: OrderedDict[str, None]) -> None:
+        """Unload least recently used adapters not in use on ``engine`` until at most
+        ``max_loaded`` remain (vLLM holds ``--max-cpu-loras``; its API server keeps
+        every adapter ever loaded listed until it is unloaded). Over the bound while
+        all are in use: the next load tries again."""
+        url = engine.url
+        while self.max_loaded and len(loaded) > self.max_loaded:
+            victim = next((n for n in loaded if not self._busy.get((url, n))), None)
+            if victim is None:
+                return
+            del loaded[victim]
+            await self._unload(engine, victim)
+
+    async def _unload(self, engine: Engine, name: str) -> None:
+        """``POST /v1/unload_lora_adapter``; a failure is logged, not raised (a request
+        for the adapter that finds it missing loads it again, single-flight)."""
+        deadline = trio.current_time() + self.timeout if self.timeout is not None else math.inf
+        try:
+            response = await self.pool.request(
+                "POST",
+                engine.url + "/v1/unload_lora_adapter",
+                headers=[(b"content-type", b"application/json")],
+                content=orjson.dumps({"lora_name": name}),
+                deadline=deadline,
+            )
+        except PoolError as exc:
+            log.warning("could not unload LoRA adapter %s on %s: %s", name, engine.url, exc)
+            return
+        if response.status == 200:
+            self.unloads[engine.url] += 1
+        elif response.status != 404:  # 404: not loaded (the engine restarted): fine
+            log.warning(
+                "engine %s refused to unload LoRA adapter %s: %d", engine.url, name, response.status
+            )

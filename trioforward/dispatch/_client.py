@@ -65,8 +65,13 @@ class Client:
         self._registry = Registry(
             settings.engine_capacity, settings.health_failures, settings.health_successes
         )
-        self.adapters = AdapterRegistry(settings.adapters)
-        self._loader = AdapterLoader(self.adapters, control_pool, settings.adapter_load_timeout)
+        self.adapters = AdapterRegistry(settings.adapters, settings.max_registered_adapters)
+        self._loader = AdapterLoader(
+            self.adapters,
+            control_pool,
+            settings.adapter_load_timeout,
+            settings.max_loaded_adapters,
+        )
         self._dispatcher = Dispatcher(settings, self._registry, pool, self._loader)
         self._paused_all = False
         control = EngineControl(
@@ -413,6 +418,9 @@ class Client:
             retries=dict(d.retries),
             responses=dict(d.responses),
             adapter_loads=dict(self._loader.loads),
+            adapter_unloads=dict(self._loader.unloads),
+            adapters_loaded=self._loader.loaded(),
+            adapters_registered=len(self.adapters.list()),
             pool=self._pool.statistics(),
         )
 

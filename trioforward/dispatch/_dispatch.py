@@ -273,6 +273,9 @@ class Dispatcher:
                         req.dispatched_at = start
                         req.weight_version = self.weight_version
                         req.deadline, req.frozen_time = deadline, 0.0
+                        if req.is_adapter:
+                            assert req.model is not None
+                            self.loader.begin(engine, req.model)  # never unloaded meanwhile
                         try:
                             reply = await self._attempts(req, engine, deadline, stream)
                             if reply is not None:
@@ -283,6 +286,9 @@ class Dispatcher:
                                         reply.body.close()
                                 return
                         finally:
+                            if req.is_adapter:
+                                assert req.model is not None
+                                self.loader.end(engine, req.model)
                             self.in_flight -= 1
                             engine.calls.discard(req)
                             engine.limiter.release_on_behalf_of(req)

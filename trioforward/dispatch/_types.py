@@ -56,7 +56,10 @@ class ClientStatistics:
     ``in_flight``: dispatched now (holding engine capacity); ``queued``: waiting
     in ``QUEUED`` now; ``retries``: count by ``(phase, reason)``; ``responses``:
     engine answers (every attempt) by ``(engine URL, status)``;
-    ``adapter_loads``: successful loads by ``(engine URL, adapter)``; ``pool``:
+    ``adapter_loads`` / ``adapter_unloads``: by engine URL (not by adapter: a run
+    makes one per step); ``adapters_loaded``: engine URL -> the adapters the
+    gateway keeps loaded there (least recently used first, at most
+    ``max_loaded_adapters``); ``adapters_registered``: how many are registered; ``pool``:
     the forwarding pool's own statistics.
     """
 
@@ -65,5 +68,8 @@ class ClientStatistics:
     queued: int
     retries: dict[tuple[str, str], int]
     responses: dict[tuple[str, int], int]
-    adapter_loads: dict[tuple[str, str], int]
+    adapter_loads: dict[str, int]
+    adapter_unloads: dict[str, int]
+    adapters_loaded: dict[str, list[str]]
+    adapters_registered: int
     pool: PoolStatistics

@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -68,6 +68,11 @@ class Metrics:
             "trioforward_engine_time_seconds",
             "Time from dispatch (capacity acquired) to the end of the response, per request",
             buckets=_ENGINE_BUCKETS,
+            registry=self.registry,
+        )
+        self.sampling_sessions = Gauge(
+            "trioforward_sampling_sessions",
+            "Tinker sampling sessions kept (bounded; oldest dropped first)",
             registry=self.registry,
         )
         self._stream_errors = Counter(
@@ -181,14 +186,35 @@ class _ClientCollector:
         for (engine, status), count in sorted(stats.responses.items(), key=str):
             responses.add_metric([engine, str(status)], count)
         yield responses
+        # Per engine, never per adapter: an RL run makes a new adapter every step,
+        # so an adapter label would grow without bound.
         loads = CounterMetricFamily(
-            "trioforward_adapter_loads",
-            "LoRA adapter loads by engine and adapter",
-            labels=["engine", "adapter"],
+            "trioforward_adapter_loads", "LoRA adapter loads by engine", labels=["engine"]
         )
-        for (engine, adapter), count in sorted(stats.adapter_loads.items(), key=str):
-            loads.add_metric([engine, adapter], count)
+        for engine, count in sorted(stats.adapter_loads.items()):
+            loads.add_metric([engine], count)
         yield loads
+        unloads = CounterMetricFamily(
+            "trioforward_adapter_unloads",
+            "LoRA adapters unloaded by engine (least recently used beyond max_loaded_adapters)",
+            labels=["engine"],
+        )
+        for engine, count in sorted(stats.adapter_unloads.items()):
+            unloads.add_metric([engine], count)
+        yield unloads
+        loaded = GaugeMetricFamily(
+            "trioforward_adapters_loaded",
+            "LoRA adapters the gateway keeps loaded, by engine",
+            labels=["engine"],
+        )
+        for engine, names in sorted(stats.adapters_loaded.items()):
+            loaded.add_metric([engine], len(names))
+        yield loaded
+        yield GaugeMetricFamily(
+            "trioforward_adapters_registered",
+            "LoRA adapters registered with the gateway",
+            value=stats.adapters_registered,
+        )
         yield GaugeMetricFamily(
             "trioforward_in_flight", "Requests dispatched to an engine", value=stats.in_flight
         )

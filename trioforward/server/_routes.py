@@ -161,6 +161,18 @@ def _good_version(value: object) -> bool:
     return isinstance(value, str) and 0 < len(value) <= 128 and value.isascii() and value.isprintable()
 
 
+def _sampling_sessions(state: GatewayState) -> int:
+    """Tinker sampling sessions kept (0 before the first Tinker call)."""
+    tinker = state.extras.get("tinker")
+    return int(getattr(tinker, "sampling_sessions", 0))
+
+
+def _max_sampling_sessions() -> int:
+    from trioforward.server.tinker._state import MAX_SAMPLERS
+
+    return MAX_SAMPLERS
+
+
 def install_routes(app: QuartTrio) -> None:
     """Registers the views on ``app``."""
 
@@ -206,7 +218,9 @@ def install_routes(app: QuartTrio) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(get_state().metrics.render(), content_type=CONTENT_TYPE_LATEST)
+        state = get_state()
+        state.metrics.sampling_sessions.set(_sampling_sessions(state))
+        return Response(state.metrics.render(), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -308,11 +322,19 @@ def install_routes(app: QuartTrio) -> None:
         state = get_state()
         parents: dict[str, str] = state.extras.get(_PARENTS, {})
         adapters = state.client.adapters.list()
+        settings = state.settings
         return _json(
             {
                 "adapters": [
                     {"name": n, "path": p, "parent": parents.get(n)} for n, p in adapters.items()
-                ]
+                ],
+                # The bounds (docs/server.md, "Admin API"): what each engine holds,
+                # and how many adapters and Tinker sampling sessions are kept.
+                "loaded": state.client.statistics().adapters_loaded,
+                "max_loaded_adapters": settings.max_loaded_adapters,
+                "max_registered_adapters": settings.max_registered_adapters,
+                "sampling_sessions": _sampling_sessions(state),
+                "max_sampling_sessions": _max_sampling_sessions(),
             }
         )
 

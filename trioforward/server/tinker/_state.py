@@ -74,12 +74,13 @@ class TinkerState:
         return adapters
 
     def remember(self, sampler: Sampler) -> None:
-        """Keep the sampler; register its adapter so the dispatch core loads it on demand."""
-        if sampler.sampler_id in self._samplers:
-            return
+        """Keep the sampler; register its adapter so the dispatch core loads it on demand
+        (again, if the registry's bound made it forget an old one)."""
         if sampler.adapter_path is not None and not self.client.adapters.is_adapter(sampler.model):
             self.client.adapters.register(sampler.model, sampler.adapter_path)
             log.info("tinker adapter %s registered at %s", sampler.model, sampler.adapter_path)
+        if sampler.sampler_id in self._samplers:
+            return
         self._samplers[sampler.sampler_id] = sampler
         self._models[sampler.base_model] = None
         self._models[sampler.model] = None
@@ -93,9 +94,14 @@ class TinkerState:
         sampler = self._samplers.get(sampler_id)
         if sampler is None:
             sampler = sampler_from_id(sampler_id, self.adapter_root, self.registered_adapters())
-            if sampler is not None:
-                self.remember(sampler)
+        if sampler is not None:
+            self.remember(sampler)  # re-registers an adapter the registry's bound dropped
         return sampler
+
+    @property
+    def sampling_sessions(self) -> int:
+        """Sampling sessions kept (at most :data:`MAX_SAMPLERS`, oldest dropped first)."""
+        return len(self._samplers)
 
     def known_models(self) -> list[str]:
         """Models samplers have named, then the registered adapters."""
