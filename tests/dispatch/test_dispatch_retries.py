@@ -57,6 +57,8 @@ async def test_connect_errors_retried_with_growing_jittered_backoff(
             elapsed = trio.current_time() - start
             err = info.value
             assert err.attempts == 5 and err.phase is Phase.CONNECT and err.engine == dead
+            port = dead.rsplit(":", 1)[1]
+            assert str(err) == f"engine {dead}: connect to 127.0.0.1:{port} failed: Connection refused"
             assert err.status == 502
             # Delays are drawn from [b/2, b] with b = 0.1, 0.2, 0.4, 0.8: the
             # extremes of the jitter give the extremes of the total.

@@ -44,6 +44,8 @@ async def test_refused_connect_is_a_connect_error(fd_baseline: int) -> None:
             assert type(err) is ConnectError
             assert (err.phase, err.reused, err.response_bytes) == (Phase.CONNECT, False, 0)
             assert err.origin == ("http", "127.0.0.1", port)
+            # The operating system's words, not trio's nested exception reprs.
+            assert err.args[0] == f"connect to 127.0.0.1:{port} failed: Connection refused"
         stats = pool.statistics()
         assert (stats.opened_total, stats.closed_total) == (0, 0)
         assert_quiet(pool)

@@ -63,7 +63,9 @@ def gateway_error(
         )
     if phase is Phase.CONNECT:
         return EngineConnectError(
-            f"could not connect to {engine}: {exc}", phase=phase, engine=engine
+            # The pool's own words without its (phase=..., reused=...) suffix: the
+            # error body carries phase and attempts as fields of their own.
+            f"engine {engine}: {exc.args[0]}", phase=phase, engine=engine
         )
     return UpstreamBroken(
         f"engine {engine} broke the exchange ({phase.value}): {exc}", phase=phase, engine=engine

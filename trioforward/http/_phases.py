@@ -9,6 +9,7 @@ the error to raise. Keeping the mapping here means the retry layer's contract
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import h11
@@ -81,7 +82,7 @@ class Attempt:
           malformed HTTP/1.1 from the engine).
         """
         if self.phase is _CONNECT:
-            return self._error(ConnectError, f"connect to {self._where()} failed: {exc!r}")
+            return self._error(ConnectError, f"connect to {self._where()} failed: {os_reason(exc)}")
         if isinstance(exc, h11.RemoteProtocolError):
             if "ConnectionClosed" in str(exc):
                 # h11's words for an EOF where a response (or the rest of one) was due.
@@ -101,3 +102,21 @@ class Attempt:
         """A deadline/timeout expired: :class:`ConnectTimeout` in CONNECT, else :class:`PoolTimeout`."""
         cls = ConnectTimeout if self.phase is _CONNECT else PoolTimeout
         return self._error(cls, f"{self._where()}: {what} expired")
+
+
+def os_reason(exc: BaseException) -> str:
+    """The operating system's words for a failed connect, e.g. ``"Connection refused"``.
+
+    ``trio.open_tcp_stream`` raises ``OSError("all attempts to connect to H:P failed")``
+    whose ``__cause__`` groups one error per address tried; the errno text of those is
+    what an operator needs, once each. Anything else falls back to ``repr(exc)``.
+    """
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)  # trio's strerror repeats the address
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        reasons = dict.fromkeys(os_reason(sub) for sub in cause.exceptions)
+        return "; ".join(reasons)
+    if cause is not None:
+        return os_reason(cause)
+    return repr(exc)
