@@ -125,6 +125,7 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
                 app.extensions[STATE_KEY] = GatewayState(
                     settings=settings, client=client, nursery=nursery, metrics=metrics, fleet=fleet
                 )
+                nursery.start_soon(metrics.keep_synced)
                 task_status.started()
                 await stop.wait()
                 # Background work (Tinker futures) ends with the server.

@@ -22,12 +22,14 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from trioforward.dispatch import Client
+    from trioforward.server._metrics_box import BoxSeries
 
 __all__ = ["Metrics", "CONTENT_TYPE_LATEST", "MAX_VERSION_LABELS", "MULTIPROC_ENV"]
 
@@ -74,6 +76,7 @@ class Metrics:
             "trioforward_sampling_sessions",
             "Tinker sampling sessions kept (bounded; oldest dropped first)",
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self._stream_errors = Counter(
             "trioforward_stream_errors",
@@ -94,6 +97,8 @@ class Metrics:
         self.registry.register(_ClientCollector(client_getter))
         self.registry.register(_FleetCollector(fleet_getter))
         self._scrape = self.registry
+        self._client_getter = client_getter
+        self.box: BoxSeries | None = None
         multiproc_dir = os.environ.get(MULTIPROC_ENV)
         if multiproc_dir:
             # A worker of --workers N (docs/fleet.md, "Metrics"): the per-request
@@ -101,9 +106,13 @@ class Metrics:
             # files and a scrape of any worker sums them over the box's workers.
             from prometheus_client import multiprocess
 
+            # The dispatch core's series go there too (BoxSeries, synced
+            # periodically by keep_synced and before each scrape).
+            from trioforward.server._metrics_box import BoxSeries
+
+            self.box = BoxSeries(self.registry)
             self._scrape = CollectorRegistry(auto_describe=False)
             multiprocess.MultiProcessCollector(self._scrape, path=multiproc_dir)  # type: ignore[no-untyped-call]
-            self._scrape.register(_ClientCollector(client_getter))
             self._scrape.register(_FleetCollector(fleet_getter))
 
     def observe(
@@ -146,8 +155,27 @@ class Metrics:
         """Count a stream ended by an error event (its request is counted as a 200)."""
         self._stream_errors.labels(route, code).inc()
 
+    def sync(self) -> None:
+        """Under ``--workers N``: copy this worker's dispatch statistics into the
+        box's shared files (no-op otherwise, or before startup)."""
+        client = self._client_getter() if self.box is not None else None
+        if self.box is not None and client is not None:
+            self.box.sync(client)
+
+    async def keep_synced(self) -> None:
+        """Run :meth:`sync` every ``SYNC_INTERVAL`` seconds until cancelled (returns
+        at once outside ``--workers N``)."""
+        if self.box is None:
+            return
+        from trioforward.server._metrics_box import SYNC_INTERVAL
+
+        while True:
+            self.sync()
+            await trio.sleep(SYNC_INTERVAL)
+
     def render(self) -> bytes:
         """The Prometheus text exposition (content type :data:`CONTENT_TYPE_LATEST`)."""
+        self.sync()
         return generate_latest(self._scrape)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 import trio
+from prometheus_client import multiprocess
 
 from trioforward._settings import Settings, coerce
 from trioforward.server._metrics import MULTIPROC_ENV
@@ -138,6 +139,8 @@ async def _supervise(settings: Settings, env: dict[str, str], fd: int) -> None:
             running[slot] = process
             log.info("worker %d started (pid %d)", slot, process.pid)
             status = await process.wait()
+            # Its live gauges (in flight, queued, pool) leave the box's sums.
+            multiprocess.mark_process_dead(process.pid, env[MULTIPROC_ENV])  # type: ignore[no-untyped-call]
             if stopping.is_set():
                 return
             log.warning("worker %d (pid %d) exited with %s; replacing it", slot, process.pid, status)
