@@ -309,3 +309,45 @@ async def test_time_frozen_on_a_keep_paused_engine_is_not_charged_to_the_read_ti
             await client.resume()
         assert 31.0 <= done[0] < 31.2  # 1 s of decoding plus the 30 s frozen
         assert engine.stats.completed == 1 and engine.stats.by_path[COMPLETION] == 1
+
+
+async def test_a_freeze_that_begins_just_before_the_deadline_does_not_wake_the_request_in_small_steps(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While frozen, the moved deadline is only known at resume; asking "if it resumed
+    # now" would move it by the time frozen so far — 1 ms, then 2 ms, ... — and wake
+    # the request every millisecond of a 10 s pause.
+    from trioforward.dispatch._request import FROZEN_RECHECK, Request
+
+    asked = 0
+    original = Request.extended_deadline
+
+    def counting(self: Request) -> float:
+        nonlocal asked
+        asked += 1
+        return original(self)
+
+    monkeypatch.setattr(Request, "extended_deadline", counting)
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine, dispatch_timeout=1.0) as client,
+    ):
+        errors: list[TrioforwardError] = []
+
+        async def one() -> None:
+            with pytest.raises(TrioforwardError) as info:
+                await client.post(COMPLETION, json=gen(max_tokens=1000))
+            errors.append(info.value)
+
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.999)
+            await client.pause(engine_mode="keep")
+            await trio.sleep(10)
+            await client.resume()
+        assert errors[0].status == 504  # the budget left at the freeze, spent after resume
+        assert 11.0 <= trio.current_time() - start < 11.0 + 2 * FROZEN_RECHECK
+        assert asked <= 10 / FROZEN_RECHECK + 10  # one recheck a FROZEN_RECHECK, not a ms
+        await engine.stats.wait_for(lambda s: s.aborted == 1)

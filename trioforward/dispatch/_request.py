@@ -50,6 +50,10 @@ HeaderInput = (
 
 E = TypeVar("E", bound=TrioforwardError)
 
+#: Seconds: how often a request frozen on a keep-paused engine rechecks its moved
+#: deadline while the pause lasts (docs/operations.md, "Frozen time is not charged (keep)").
+FROZEN_RECHECK = 0.1
+
 _JSON_ONLY: Headers = [(b"content-type", b"application/json")]
 _NO_HEADERS: Headers = []
 
@@ -178,10 +182,15 @@ class Request:
     def extended_deadline(self) -> float:
         """The dispatch deadline moved by the time this request was frozen on a
         keep-paused engine (so far, if it still is): the pool's ``extend`` hook."""
-        frozen = self.frozen_time
-        if self.frozen_since is not None:
-            frozen += trio.current_time() - self.frozen_since
-        return self.deadline + frozen
+        if self.frozen_since is None:
+            return self.deadline + self.frozen_time
+        # Still frozen: the moved deadline is only known at resume. Until then it is
+        # "the budget left when the freeze began, from now" — but at least
+        # FROZEN_RECHECK ahead, or a freeze that began just before the deadline
+        # would wake the request in ever smaller steps for the whole pause.
+        now = trio.current_time()
+        left = self.deadline + self.frozen_time - self.frozen_since
+        return now + max(left, FROZEN_RECHECK)
 
     def rearm(self) -> None:
         """Ready a request an engine pause ended for its replay (a fresh cancel scope)."""
