@@ -120,7 +120,7 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
         engines=urls,
         engine_capacity=args.capacity,
         dispatch_timeout=args.dispatch_timeout,
-        max_queued=0,
+        max_outstanding=0,
     ) as client:
         # Warm the connections (not measured): one request per slot.
         async with trio.open_nursery() as nursery:

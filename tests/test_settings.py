@@ -121,3 +121,44 @@ def test_knobs_describe_every_field() -> None:
     by_name = {k.name: k for k in knobs()}
     assert by_name["api_keys"].type_name == "list of strings"
     assert by_name["queue_timeout"].type_name == "float" and by_name["queue_timeout"].optional
+
+
+def test_max_queued_is_a_deprecated_alias_of_max_outstanding(tmp_path: Any) -> None:
+    with pytest.warns(FutureWarning, match="'max_queued' is deprecated, use 'max_outstanding'"):
+        assert Settings().replace(max_queued=7).max_outstanding == 7
+    with pytest.warns(FutureWarning, match="TRIOFORWARD_MAX_QUEUED"):
+        loaded = Settings.load(environ={"TRIOFORWARD_MAX_QUEUED": "8"})
+    assert loaded.max_outstanding == 8
+    # The new name wins when both are set.
+    with pytest.warns(FutureWarning):
+        both = Settings.load(
+            environ={"TRIOFORWARD_MAX_QUEUED": "8", "TRIOFORWARD_MAX_OUTSTANDING": "9"},
+            overrides={"max_queued": None},
+        )
+    assert both.max_outstanding == 9
+    toml = tmp_path / "gw.toml"
+    toml.write_text("max-queued = 5\n")
+    with pytest.warns(FutureWarning):
+        assert Settings.load(config_file=toml, environ={}).max_outstanding == 5
+    with pytest.warns(FutureWarning):
+        assert Settings.load(environ={}, overrides={"max_queued": "6"}).max_outstanding == 6
+    with pytest.warns(FutureWarning):
+        assert Settings(max_outstanding=4).max_queued == 4
+
+
+def test_serve_accepts_the_deprecated_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from trioforward.server import _cli
+
+    seen: list[int] = []
+    load = _cli.load_settings
+
+    def load_then_stop(config_file: Any, engine: Any, flags: dict[str, Any]) -> Settings:
+        seen.append(load(config_file, engine, flags).max_outstanding)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(_cli, "load_settings", load_then_stop)
+    with pytest.warns(FutureWarning, match="max_queued"):
+        result = CliRunner().invoke(_cli.serve, ["--max-queued", "11"])
+    assert result.exit_code == 0 and seen == [11]

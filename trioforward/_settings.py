@@ -13,12 +13,13 @@ import dataclasses
 import math
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES"]
+__all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES", "RENAMED_KNOBS"]
 
 ROUTING_POLICIES = ("least-outstanding", "round-robin", "session", "prefix")
 ENGINE_KINDS = ("auto", "vllm", "sglang", "none")
@@ -79,7 +80,7 @@ class Settings:
     adapter_backoff_max: float = _knob(2.0, "largest backoff between adapter retries (0.1*2^k)", "s", "adapters")
     engine_kind: str = _knob("auto", "weight-update endpoints of the engines: auto (detected at the first engine pause) | vllm | sglang | none (docs/operations.md)", "")
     engine_control_timeout: float = _knob(30.0, "timeout of one engine pause/resume/version call (a pause in mode wait: dispatch_timeout)", "s")
-    max_queued: int = _knob(262144, "outstanding requests beyond which new ones get 429; 0 = unlimited", "requests")
+    max_outstanding: int = _knob(262144, "requests outstanding (queued + running), and unfinished Tinker samples, beyond which new ones get 429; 0 = unlimited; formerly max_queued", "requests")
 
     # --- gateway server -------------------------------------------------------
     host: str = _knob("127.0.0.1", "address the gateway listens on", "", "server")
@@ -142,9 +143,17 @@ class Settings:
             return self.max_connections_per_engine
         return self.engine_capacity
 
+    @property
+    def max_queued(self) -> int:
+        """Deprecated name of :attr:`max_outstanding` (warns; removed in the next release)."""
+        _deprecated("max_queued")
+        return self.max_outstanding
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (validated, coerced like any other source)."""
-        return dataclasses.replace(self, **{k: coerce(k, v) for k, v in changes.items()})
+        return dataclasses.replace(
+            self, **{_current(k): coerce(_current(k), v) for k, v in changes.items()}
+        )
 
     @classmethod
     def load(
@@ -165,17 +174,46 @@ class Settings:
                 data = tomllib.load(fh)
             data = data.get("trioforward", data)
             for key, value in data.items():
-                name = key.replace("-", "_")
+                name = _current(key.replace("-", "_"))
                 values[name] = coerce(name, value)
         env = os.environ if environ is None else environ
+        for old, new in RENAMED_KNOBS.items():
+            raw = env.get(ENV_PREFIX + old.upper())
+            if raw is not None:
+                _deprecated(ENV_PREFIX + old.upper(), ENV_PREFIX + new.upper())
+                values[new] = coerce(new, raw)  # the new name, read next, wins
         for f in dataclasses.fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
             if raw is not None:
                 values[f.name] = coerce(f.name, raw)
         for key, value in (overrides or {}).items():
             if value is not None:
-                values[key] = coerce(key, value)
+                values[_current(key)] = coerce(_current(key), value)
         return cls(**values)
+
+
+# Knobs renamed, old name -> new: the old name still works for one release (in
+# Settings.replace/load, open_client, TOML, TRIOFORWARD_* and `serve --old-name`),
+# with a FutureWarning (shown to operators by default, unlike DeprecationWarning).
+RENAMED_KNOBS = {"max_queued": "max_outstanding"}
+
+
+def _current(name: str) -> str:
+    """``name``, or its new name if it is a renamed knob (warns)."""
+    new = RENAMED_KNOBS.get(name)
+    if new is None:
+        return name
+    _deprecated(name)
+    return new
+
+
+def _deprecated(old: str, new: str | None = None) -> None:
+    new = new or RENAMED_KNOBS[old]
+    warnings.warn(
+        f"setting {old!r} is deprecated, use {new!r} (it is removed in the next release)",
+        FutureWarning,
+        stacklevel=4,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,7 @@ class QueueTimeout(TrioforwardError):
 
 
 class QueueFull(TrioforwardError):
-    """More than ``max_queued`` requests outstanding. 429."""
+    """More than ``max_outstanding`` requests outstanding. 429."""
 
     status = 429
     code = "queue_full"

@@ -113,8 +113,8 @@ async def test_no_eligible_engine_waits_until_queue_timeout(
         await client.resume()
 
 
-async def test_max_queued_rejects_beyond(fd_baseline: int) -> None:
-    async with open_engine() as engine, client_for(engine, max_queued=2) as client:
+async def test_max_outstanding_rejects_beyond(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine, max_outstanding=2) as client:
         await client.pause()
         async with trio.open_nursery() as nursery:
             for _ in range(2):

@@ -14,7 +14,7 @@ from gateway_harness import Gateway
 
 from trioforward._settings import Settings, SettingsError
 from trioforward.cli import main
-from trioforward.server.tinker._requests import BadRequest, make_sampler
+from trioforward.server.tinker._requests import BadRequest, make_sampling_session
 
 BAD_ENGINE_URLS = [
     "http://127.0.0.1:99999",  # port out of range
@@ -61,11 +61,11 @@ async def test_pause_and_resume_of_an_unknown_engine_are_404(engine: Any, gatewa
 
 
 @pytest.mark.parametrize(("field", "value"), [("base_model", 5), ("model_path", 5), ("model_path", ["x"])])
-def test_make_sampler_rejects_non_string_models(field: str, value: object) -> None:
+def test_make_sampling_session_rejects_non_string_models(field: str, value: object) -> None:
     kwargs: dict[str, Any] = {"base_model": None, "model_path": None}
     kwargs[field] = value
     with pytest.raises(BadRequest, match=f"{field} must be a string"):
-        make_sampler("", 0, adapter_root="/tmp", registered=set(), **kwargs)
+        make_sampling_session("", 0, adapter_root="/tmp", registered=set(), **kwargs)
 
 
 async def test_tinker_non_string_model_is_a_400_json_error(engine: Any, gateway: Gateway) -> None:

@@ -62,7 +62,7 @@ def _retry_after(response: httpx.Response) -> int:
 
 async def test_gateway_429_queue_full_has_retry_after(fd_baseline: int) -> None:
     async with open_sim(decode_ms_per_token=100) as engine, open_gateway(
-        engine.url, max_queued=1
+        engine.url, max_outstanding=1
     ) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=20) as client:
             async with trio.open_nursery() as nursery:

@@ -100,7 +100,7 @@ class Dispatcher:
         self.queue_timeout = settings.queue_timeout
         self.unhealthy_timeout = settings.unhealthy_timeout
         self.read_timeout = settings.read_timeout
-        self.max_queued = settings.max_queued
+        self.max_outstanding = settings.max_outstanding
         self.requests_total = 0
         self.outstanding = 0
         self.in_flight = 0
@@ -182,7 +182,7 @@ class Dispatcher:
                     raise QueueTimeout(
                         "engine capacity not available before queue_timeout", engine=engine.url
                     ) from None
-                req.evicted = False
+                req.rerouted = False
                 scope = req.queue_scope = trio.CancelScope(deadline=queue_deadline)
                 engine.queued += 1
                 engine.waiters[req] = None
@@ -194,7 +194,7 @@ class Dispatcher:
                     engine.waiters.pop(req, None)
                     req.queue_scope = None
                 if scope.cancelled_caught:
-                    if req.evicted:
+                    if req.rerouted:
                         continue  # paused/ejected/removed while we queued: route again
                     raise QueueTimeout(
                         "engine capacity not available before queue_timeout", engine=engine.url
@@ -214,7 +214,7 @@ class Dispatcher:
 
         Raises a :class:`TrioforwardError` subclass with ``.phase``,
         ``.attempts``, ``.engine``, ``.queue_time`` and ``.engine_time`` set
-        (:class:`QueueFull` beyond ``max_queued`` outstanding requests,
+        (:class:`QueueFull` beyond ``max_outstanding`` outstanding requests,
         :class:`DispatchAborted` when ``req`` is aborted).
         """
         async with self._dispatch(req, stream=False) as reply:
@@ -243,9 +243,9 @@ class Dispatcher:
         :class:`TrioforwardError` leaving it carries the request's facts
         (:meth:`Request.stamp`).
         """
-        if self.max_queued and self.outstanding >= self.max_queued:
+        if self.max_outstanding and self.outstanding >= self.max_outstanding:
             raise self._hinted(
-                QueueFull(f"more than {self.max_queued} requests outstanding (max_queued)")
+                QueueFull(f"more than {self.max_outstanding} requests outstanding (max_outstanding)")
             )
         self.outstanding += 1
         try:
@@ -321,8 +321,8 @@ class Dispatcher:
         if donor is engine or not donor.waiters or engine.outstanding >= prefix.room(engines):
             return
         for req in reversed(donor.waiters):
-            if req.session is None and not req.evicted and req.queue_scope is not None:
-                req.evicted = True
+            if req.session is None and not req.rerouted and req.queue_scope is not None:
+                req.rerouted = True
                 req.moved_to = engine
                 req.queue_scope.cancel()
                 return

@@ -6,9 +6,9 @@ woken one by one as tokens come back, nothing rescans waiters. A request that
 finds no eligible engine at all (every engine paused or ejected) parks in the
 registry's own FIFO lot and is let go, in order, when one becomes eligible.
 
-State changes (pause, ejection, removal) *evict* the requests queued on that
+State changes (pause, ejection, removal) *re-route* the requests queued on that
 engine: their queue wait is cancelled and they route again, so nobody waits for
-capacity on an engine that will not take them. Evicting walks only that
+capacity on an engine that will not take them. Re-routing walks only that
 engine's own waiters, once, at the state change — never per request.
 """
 
@@ -119,10 +119,10 @@ class Engine:
             int(tokens) if (tokens := self.limiter.total_tokens) != math.inf else 0,
         )
 
-    def evict_waiters(self) -> None:
+    def reroute_waiters(self) -> None:
         """Send every request queued here back to routing (state changed)."""
         for request in self.waiters:
-            request.evicted = True
+            request.rerouted = True
             if request.queue_scope is not None:
                 request.queue_scope.cancel()
 
@@ -218,7 +218,7 @@ class Registry:
         was = engine.eligible
         engine.eligible = engine.healthy and not engine.paused and not engine.removed
         if was and not engine.eligible:
-            engine.evict_waiters()
+            engine.reroute_waiters()
         elif engine.eligible and not was:
             self.wake()
         if was is not engine.eligible:

@@ -108,7 +108,7 @@ class Request:
         "prefix",
         "scope",
         "queue_scope",
-        "evicted",
+        "rerouted",
         "moved_to",
         "abort_reason",
         "phase",
@@ -149,7 +149,7 @@ class Request:
         self.prefix: PrefixKey | None = None  # set under routing = "prefix"
         self.scope = trio.CancelScope()
         self.queue_scope: trio.CancelScope | None = None
-        self.evicted = False
+        self.rerouted = False
         self.moved_to: Engine | None = None  # a free slot that took it from a queue
         self.abort_reason: str | None = None
         self.phase = Phase.QUEUED

@@ -72,7 +72,7 @@ class Fleet:
         self.leases = CapacityLeases(client.engines, settings.engine_capacity, member_id)
         self.members: dict[str, MemberRecord] = {}
         self.epoch = secrets.token_hex(4)  # names this member's Tinker future ids
-        # Unfinished Tinker samples here; set by the Tinker routes (fleet-wide max_queued).
+        # Unfinished Tinker samples here; set by the Tinker routes (fleet-wide max_outstanding).
         self.outstanding: Callable[[], int] = lambda: 0
         self.futures = SharedFutures(self)
         self.control = ControlPlane(self, client)

@@ -19,7 +19,7 @@ from typing import Any
 import click
 import trio
 
-from trioforward import Knob, Settings, SettingsError, knobs
+from trioforward import RENAMED_KNOBS, Knob, Settings, SettingsError, knobs
 
 __all__ = ["serve", "load_settings"]
 
@@ -38,6 +38,9 @@ def _describe(knob: Knob) -> str:
 
 
 def _knob_options(func: Any) -> Any:
+    for old, new in RENAMED_KNOBS.items():  # deprecated names, still accepted (they warn)
+        flag = "--" + old.replace("_", "-")
+        func = click.option(flag, old, default=None, hidden=True, help=f"deprecated: --{new}")(func)
     for knob in reversed(knobs()):
         name = knob.name
         if knob.kind is bool:

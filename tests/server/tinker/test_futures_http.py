@@ -51,8 +51,8 @@ async def test_abandoned_poll_then_repoll_gets_same_bytes(fd_baseline: int) -> N
     async with scripted_gateway(future_hold=30.0) as (url, engine, state):
         engine.gate = trio.Event()
         async with httpx.AsyncClient(base_url=url) as http:
-            sampler = await open_session(http)
-            r = await http.post("/api/v1/asample", json=asample_body(sampler, 0))
+            sampling_session = await open_session(http)
+            r = await http.post("/api/v1/asample", json=asample_body(sampling_session, 0))
             future = r.json()
             assert len(future["sample_sequence_ids"]) == 2
             rid = future["request_id"]
@@ -84,10 +84,10 @@ async def test_resubmit_is_deduplicated(fd_baseline: int) -> None:
     async with scripted_gateway() as (url, engine, _):
         engine.gate = trio.Event()
         async with httpx.AsyncClient(base_url=url) as http:
-            sampler = await open_session(http)
+            sampling_session = await open_session(http)
             ids = set()
             for _ in range(3):  # the SDK retries asample with the same seq_id
-                r = await http.post("/api/v1/asample", json=asample_body(sampler, 7))
+                r = await http.post("/api/v1/asample", json=asample_body(sampling_session, 7))
                 ids.add(r.json()["request_id"])
             assert len(ids) == 1
             rid = ids.pop()
@@ -95,18 +95,18 @@ async def test_resubmit_is_deduplicated(fd_baseline: int) -> None:
             r = await http.post("/api/v1/retrieve_future", json={"request_id": rid})
             assert r.status_code == 200
             # done and retained: a resubmit still maps to the same future
-            r2 = await http.post("/api/v1/asample", json=asample_body(sampler, 7))
+            r2 = await http.post("/api/v1/asample", json=asample_body(sampling_session, 7))
             assert r2.json()["request_id"] == rid
         assert len(engine.requests) == 1
-        assert engine.headers[0][0] == ("X-Session-ID", f"{sampler}:7")
+        assert engine.headers[0][0] == ("X-Session-ID", f"{sampling_session}:7")
 
 
 async def test_hold_limit_answers_408(fd_baseline: int) -> None:
     async with scripted_gateway(future_hold=0.05) as (url, engine, _):
         engine.gate = trio.Event()
         async with httpx.AsyncClient(base_url=url) as http:
-            sampler = await open_session(http)
-            rid = (await http.post("/api/v1/asample", json=asample_body(sampler, 0))).json()[
+            sampling_session = await open_session(http)
+            rid = (await http.post("/api/v1/asample", json=asample_body(sampling_session, 0))).json()[
                 "request_id"
             ]
             r = await http.post("/api/v1/retrieve_future", json={"request_id": rid})
@@ -120,14 +120,14 @@ async def test_hold_limit_answers_408(fd_baseline: int) -> None:
 async def test_evicted_is_410_and_never_issued_is_404(fd_baseline: int) -> None:
     async with scripted_gateway(max_retained_futures=1) as (url, engine, _):
         async with httpx.AsyncClient(base_url=url) as http:
-            sampler = await open_session(http)
-            first = (await http.post("/api/v1/asample", json=asample_body(sampler, 0))).json()[
+            sampling_session = await open_session(http)
+            first = (await http.post("/api/v1/asample", json=asample_body(sampling_session, 0))).json()[
                 "request_id"
             ]
             assert (
                 await http.post("/api/v1/retrieve_future", json={"request_id": first})
             ).status_code == 200
-            second = (await http.post("/api/v1/asample", json=asample_body(sampler, 1))).json()[
+            second = (await http.post("/api/v1/asample", json=asample_body(sampling_session, 1))).json()[
                 "request_id"
             ]
             assert (
@@ -142,14 +142,14 @@ async def test_evicted_is_410_and_never_issued_is_404(fd_baseline: int) -> None:
 
 
 async def test_admission_control_429(fd_baseline: int) -> None:
-    async with scripted_gateway(max_queued=1) as (url, engine, _):
+    async with scripted_gateway(max_outstanding=1) as (url, engine, _):
         engine.gate = trio.Event()
         async with httpx.AsyncClient(base_url=url) as http:
-            sampler = await open_session(http)
+            sampling_session = await open_session(http)
             assert (
-                await http.post("/api/v1/asample", json=asample_body(sampler, 0))
+                await http.post("/api/v1/asample", json=asample_body(sampling_session, 0))
             ).status_code == 200
-            r = await http.post("/api/v1/asample", json=asample_body(sampler, 1))
+            r = await http.post("/api/v1/asample", json=asample_body(sampling_session, 1))
             assert r.status_code == 429
             assert r.headers["retry-after"] == "1"  # the SDK's backoff reads it
             engine.gate.set()
@@ -159,12 +159,12 @@ async def test_admission_control_429(fd_baseline: int) -> None:
 async def test_engine_4xx_is_a_user_error_5xx_a_server_error(fd_baseline: int) -> None:
     async with scripted_gateway() as (url, engine, _):
         async with httpx.AsyncClient(base_url=url) as http:
-            sampler = await open_session(http)
+            sampling_session = await open_session(http)
             for seq, (status, category) in enumerate(
                 [(400, "user"), (500, "server"), (429, "server")]
             ):
                 engine.status = status
-                rid = (await http.post("/api/v1/asample", json=asample_body(sampler, seq))).json()[
+                rid = (await http.post("/api/v1/asample", json=asample_body(sampling_session, seq))).json()[
                     "request_id"
                 ]
                 r = await http.post("/api/v1/retrieve_future", json={"request_id": rid})
@@ -176,16 +176,16 @@ async def test_engine_4xx_is_a_user_error_5xx_a_server_error(fd_baseline: int) -
 async def test_bad_request_and_unknown_sampler(fd_baseline: int) -> None:
     async with scripted_gateway() as (url, engine, _):
         async with httpx.AsyncClient(base_url=url) as http:
-            sampler = await open_session(http)
+            sampling_session = await open_session(http)
             r = await http.post(
-                "/api/v1/asample", json=asample_body(sampler, 0, topk_prompt_logprobs=3)
+                "/api/v1/asample", json=asample_body(sampling_session, 0, topk_prompt_logprobs=3)
             )
             assert r.status_code == 400
             r = await http.post("/api/v1/asample", json=asample_body("nope", 0))
             assert r.status_code == 404
-            r = await http.get(f"/api/v1/samplers/{sampler}")
+            r = await http.get(f"/api/v1/samplers/{sampling_session}")
             assert r.json() == {
-                "sampler_id": sampler,
+                "sampler_id": sampling_session,
                 "base_model": "sim-base",
                 "model_path": None,
                 "weight_version": None,

@@ -10,9 +10,9 @@ import pytest
 from trioforward.server.tinker._requests import (
     BadRequest,
     adapter_for_path,
-    make_sampler,
+    make_sampling_session,
     parse_sample,
-    sampler_from_id,
+    sampling_session_from_id,
 )
 
 
@@ -38,8 +38,8 @@ def sample_body(**over: object) -> dict[str, object]:
 
 
 def test_engine_body() -> None:
-    sampler = make_sampler("sess", 0, "sim-base", None, "/a", {})
-    job = parse_sample(sample_body(), sampler)
+    sampling_session = make_sampling_session("sess", 0, "sim-base", None, "/a", {})
+    job = parse_sample(sample_body(), sampling_session)
     doc = orjson.loads(job.body)
     assert doc == {
         "model": "sim-base",
@@ -55,7 +55,7 @@ def test_engine_body() -> None:
         "seed": 7,
         "stop": ["\n"],
     }
-    assert job.session == f"{sampler.sampler_id}:4"
+    assert job.session == f"{sampling_session.sampler_id}:4"
     assert job.num_samples == 3
 
 
@@ -69,14 +69,14 @@ def test_engine_body() -> None:
     ],
 )
 def test_stop_forms(stop: object, expect: dict[str, object]) -> None:
-    sampler = make_sampler("sess", 0, "m", None, "/a", {})
-    doc = orjson.loads(parse_sample(sample_body(sampling_params={"stop": stop}), sampler).body)
+    sampling_session = make_sampling_session("sess", 0, "m", None, "/a", {})
+    doc = orjson.loads(parse_sample(sample_body(sampling_params={"stop": stop}), sampling_session).body)
     assert {k: doc[k] for k in ("stop", "stop_token_ids", "ignore_eos") if k in doc} == expect
 
 
 def test_prompt_logprobs_and_rejections() -> None:
-    sampler = make_sampler("sess", 0, "m", None, "/a", {})
-    job = parse_sample(sample_body(prompt_logprobs=True, prompt_logprobs_last_n=1), sampler)
+    sampling_session = make_sampling_session("sess", 0, "m", None, "/a", {})
+    job = parse_sample(sample_body(prompt_logprobs=True, prompt_logprobs_last_n=1), sampling_session)
     assert orjson.loads(job.body)["prompt_logprobs"] == 1
     assert job.prompt_logprobs_last_n == 1
     for bad in (
@@ -87,7 +87,7 @@ def test_prompt_logprobs_and_rejections() -> None:
         {"sampling_params": {"stop": ["a", 1]}},
     ):
         with pytest.raises(BadRequest):
-            parse_sample(sample_body(**bad), sampler)
+            parse_sample(sample_body(**bad), sampling_session)
 
 
 def test_model_path_resolution() -> None:
@@ -103,14 +103,14 @@ def test_model_path_resolution() -> None:
 
 
 def test_sampler_ids_are_stable_and_self_describing() -> None:
-    a = make_sampler("sess", 2, None, "tinker://r/sampler_weights/w", "/root", {})
-    b = make_sampler("sess", 2, None, "tinker://r/sampler_weights/w", "/root", {})
+    a = make_sampling_session("sess", 2, None, "tinker://r/sampler_weights/w", "/root", {})
+    b = make_sampling_session("sess", 2, None, "tinker://r/sampler_weights/w", "/root", {})
     assert a == b and a.model == "r_w" and a.base_model == "r_w"
-    assert sampler_from_id(a.sampler_id, "/root", {}) == a
-    assert sampler_from_id("s-garbage!", "/root", {}) is None
-    assert sampler_from_id("other", "/root", {}) is None
+    assert sampling_session_from_id(a.sampler_id, "/root", {}) == a
+    assert sampling_session_from_id("s-garbage!", "/root", {}) is None
+    assert sampling_session_from_id("other", "/root", {}) is None
     with pytest.raises(BadRequest):
-        make_sampler("sess", 0, None, None, "/root", {})
+        make_sampling_session("sess", 0, None, None, "/root", {})
 
 
 def test_a_relative_adapter_root_says_what_to_set() -> None:

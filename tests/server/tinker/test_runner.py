@@ -11,11 +11,11 @@ from tinker.proto.response_conv import deserialize_sample_response
 from trioforward._settings import Settings
 from trioforward.errors import DispatchTimeout
 from trioforward.server.tinker._futures import READY, FutureStore
-from trioforward.server.tinker._requests import make_sampler, parse_sample
+from trioforward.server.tinker._requests import make_sampling_session, parse_sample
 from trioforward.server.tinker._runner import SampleRunner, run_sample
 from trioforward.sim import sample
 
-SAMPLER = make_sampler("sess", 0, "sim-base", None, "/a", {})
+SAMPLING_SESSION = make_sampling_session("sess", 0, "sim-base", None, "/a", {})
 
 
 def job(seq: int) -> object:
@@ -25,7 +25,7 @@ def job(seq: int) -> object:
         "sampling_params": {"max_tokens": 5, "seed": seq},
         "seq_id": seq,
     }
-    return parse_sample(body, SAMPLER)
+    return parse_sample(body, SAMPLING_SESSION)
 
 
 async def test_at_most_limit_workers_and_fifo_completion() -> None:

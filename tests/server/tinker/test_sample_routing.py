@@ -34,13 +34,13 @@ async def test_samples_of_one_prompt_share_an_engine_under_prefix_routing(
             "/api/v1/create_sampling_session",
             json={"session_id": "s", "sampling_session_seq_id": 0, "base_model": "sim-base"},
         )
-        sampler = r.json()["sampling_session_id"]
+        sampling_session = r.json()["sampling_session_id"]
         for seq_id in range(6):  # a group of samples of one prompt, one request each
             body = {
                 "num_samples": 1,
                 "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
                 "sampling_params": {"max_tokens": 4, "seed": seq_id},
-                "sampling_session_id": sampler,
+                "sampling_session_id": sampling_session,
                 "seq_id": seq_id,
             }
             rid = (await http.post("/api/v1/asample", json=body)).json()["request_id"]

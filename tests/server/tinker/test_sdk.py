@@ -128,12 +128,12 @@ async def test_abandoned_poll_and_resubmits_against_a_real_engine(fd_baseline: i
                 "/api/v1/create_sampling_session",
                 json={"session_id": "s", "sampling_session_seq_id": 0, "base_model": "sim-base"},
             )
-            sampler = r.json()["sampling_session_id"]
+            sampling_session = r.json()["sampling_session_id"]
             body = {
                 "num_samples": 1,
                 "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
                 "sampling_params": {"max_tokens": 30, "seed": 1},
-                "sampling_session_id": sampler,
+                "sampling_session_id": sampling_session,
                 "seq_id": 0,
             }
             ids = {

@@ -3,7 +3,7 @@
 ``install(app)`` registers the routes on a Quart-Trio app whose
 ``app.extensions["trioforward"]`` holds a :class:`~trioforward.server._state.GatewayState`
 while it serves; the routes keep their state (future store, sample runner,
-samplers) in ``GatewayState.extras["tinker"]``, created on the first request.
+sampling sessions) in ``GatewayState.extras["tinker"]``, created on the first request.
 See docs/tinker.md for what the SDK needs and how this gateway answers.
 """
 

@@ -23,7 +23,7 @@ from trioforward.server._asgi import Call, Route, respond
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server.tinker import _fleet
 from trioforward.server.tinker._futures import PENDING, Future, FutureGone, FutureUnknown, StoreFull
-from trioforward.server.tinker._requests import make_sampler, parse_sample
+from trioforward.server.tinker._requests import make_sampling_session, parse_sample
 from trioforward.server.tinker._state import TinkerState, state_of
 from trioforward.server.tinker._wire import TRY_AGAIN
 
@@ -44,13 +44,13 @@ def _asample(call: Call) -> Awaitable[None]:
     body = call.data
     sampler_id = body.get("sampling_session_id")
     if sampler_id is not None:
-        sampler = state.sampler(str(sampler_id))
-        if sampler is None:
+        sampling_session = state.sampling_session(str(sampler_id))
+        if sampling_session is None:
             raise RequestError(404, f"unknown sampling session {sampler_id!r}", code="not_found")
     else:  # the older stateless form names the model in the request itself
         if not body.get("base_model") and not body.get("model_path"):
             raise bad_request("asample needs sampling_session_id (or base_model or model_path)")
-        sampler = make_sampler(
+        sampling_session = make_sampling_session(
             "",
             0,
             body.get("base_model") or None,
@@ -58,12 +58,12 @@ def _asample(call: Call) -> Awaitable[None]:
             state.adapter_root,
             state.registered_adapters(),
         )
-        state.remember(sampler)
+        state.remember(sampling_session)
     seq_id = body.get("seq_id")
-    key = (sampler.sampler_id, seq_id) if sampler_id is not None and seq_id is not None else None
+    key = (sampling_session.sampler_id, seq_id) if sampler_id is not None and seq_id is not None else None
     future = state.store.lookup_key(key)
     if future is None:
-        job = parse_sample(body, sampler)
+        job = parse_sample(body, sampling_session)
         if state.shared is not None:  # fleet mode: claim (session, seq) fleet-wide
             return _fleet.submit(state, key, job, call)
         try:

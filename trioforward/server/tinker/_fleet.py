@@ -53,8 +53,8 @@ async def _unavailable(call: Call, err: Exception) -> None:
 
 
 async def submit(state: TinkerState, key: Any, job: SampleJob, call: Call) -> None:
-    """Claim ``key`` (``(sampler id, seq id)`` or ``None``) fleet-wide and run the
-    sample only if this claim won; answer the id either way. ``max_queued`` counts
+    """Claim ``key`` (``(sampling session id, seq id)`` or ``None``) fleet-wide and run the
+    sample only if this claim won; answer the id either way. ``max_outstanding`` counts
     the unfinished samples of every live member (as of the last heartbeat).
     Answers 429 when the fleet's queue is full, 503 when the shared state is away."""
     from trioforward.fleet import StateUnavailable
@@ -62,7 +62,7 @@ async def submit(state: TinkerState, key: Any, job: SampleJob, call: Call) -> No
     store, fleet = state.store, state.fleet
     limit = store.max_outstanding
     if limit and store.outstanding + fleet.others_outstanding() >= limit:
-        message = f"fleet queue is full: {limit} samples outstanding (max_queued)"
+        message = f"fleet queue is full: {limit} samples outstanding (max_outstanding)"
         await _refuse(call, RequestError(429, message, code="queue_full"))
         return
     request_id = store.reserve_id()

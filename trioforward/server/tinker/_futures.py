@@ -182,7 +182,7 @@ class FutureStore:
                 return existing, False
         if self.max_outstanding and self._outstanding >= self.max_outstanding:
             self._rejected += 1
-            raise StoreFull(f"{self._outstanding} samples outstanding (max_queued)")
+            raise StoreFull(f"{self._outstanding} samples outstanding (max_outstanding)")
         if request_id is None:
             request_id = self.reserve_id()
         future = Future(request_id, key, num_samples)

@@ -1,4 +1,4 @@
-"""Tinker request bodies -> what the engine is asked, and sampler (sampling session) identity.
+"""Tinker request bodies -> what the engine is asked, and sampling session identity.
 
 Sans-IO: parses the SDK's JSON (unknown fields are ignored, as newer SDKs send
 more) and builds the vLLM ``/v1/completions`` body once, as bytes, so an
@@ -6,7 +6,7 @@ outstanding sample costs its prompt in JSON form and nothing else.
 
 Sampling session ids are self-describing (``"s-" + base64url(JSON)``): a gateway
 that restarted, or a second gateway behind the same address, still knows which
-model a sampler names, so a trainer's ``asample`` never fails on an id the
+model a sampling session names, so a trainer's ``asample`` never fails on an id the
 gateway forgot.
 """
 
@@ -24,10 +24,10 @@ from trioforward.server._errors import RequestError
 
 __all__ = [
     "BadRequest",
-    "Sampler",
+    "SamplingSession",
     "SampleJob",
-    "make_sampler",
-    "sampler_from_id",
+    "make_sampling_session",
+    "sampling_session_from_id",
     "parse_sample",
     "adapter_for_path",
 ]
@@ -41,7 +41,7 @@ class BadRequest(RequestError):
 
 
 @dataclass(frozen=True, slots=True)
-class Sampler:
+class SamplingSession:
     """A sampling session. ``model`` is the engine's model name (base or adapter)."""
 
     sampler_id: str
@@ -68,7 +68,7 @@ _TINKER = "tinker://"
 def adapter_for_path(
     model_path: str, adapter_root: str, registered: set[str] | dict[str, str]
 ) -> tuple[str, str | None]:
-    """``(engine model name, adapter path or None)`` for a sampler's ``model_path``.
+    """``(engine model name, adapter path or None)`` for a sampling session's ``model_path``.
 
     - a registered adapter name, bare or as ``tinker://NAME``: that adapter;
     - ``tinker://RUN/sampler_weights/NAME``: adapter ``RUN_NAME`` at
@@ -106,15 +106,15 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
-def make_sampler(
+def make_sampling_session(
     session_id: str,
     seq: int,
     base_model: str | None,
     model_path: str | None,
     adapter_root: str,
     registered: set[str] | dict[str, str],
-) -> Sampler:
-    """The sampler a ``create_sampling_session`` asks for (same inputs -> same id)."""
+) -> SamplingSession:
+    """The sampling session a ``create_sampling_session`` asks for (same inputs -> same id)."""
     if base_model is not None and not isinstance(base_model, str):
         raise BadRequest("base_model must be a string")
     if model_path is not None and not isinstance(model_path, str):
@@ -122,16 +122,16 @@ def make_sampler(
     if not base_model and not model_path:
         raise BadRequest("create_sampling_session needs base_model or model_path")
     ident = _b64(orjson.dumps([session_id, seq, base_model, model_path]))
-    return _sampler("s-" + ident, base_model, model_path, adapter_root, registered)
+    return _sampling_session("s-" + ident, base_model, model_path, adapter_root, registered)
 
 
-def _sampler(
+def _sampling_session(
     sampler_id: str,
     base_model: str | None,
     model_path: str | None,
     adapter_root: str,
     registered: set[str] | dict[str, str],
-) -> Sampler:
+) -> SamplingSession:
     if model_path:
         model, adapter_path = adapter_for_path(model_path, adapter_root, registered)
     else:
@@ -139,13 +139,13 @@ def _sampler(
         model, adapter_path = base_model, None
     # The SDK only uses base_model to pick a tokenizer; an adapter named without
     # its base answers with the adapter's own name.
-    return Sampler(sampler_id, base_model or model, model_path, model, adapter_path)
+    return SamplingSession(sampler_id, base_model or model, model_path, model, adapter_path)
 
 
-def sampler_from_id(
+def sampling_session_from_id(
     sampler_id: str, adapter_root: str, registered: set[str] | dict[str, str]
-) -> Sampler | None:
-    """Decode a sampler id made by :func:`make_sampler`; ``None`` if it is not one."""
+) -> SamplingSession | None:
+    """Decode a sampling session id made by :func:`make_sampling_session`; ``None`` if it is not one."""
     if not sampler_id.startswith("s-"):
         return None
     raw = sampler_id[2:]
@@ -159,7 +159,7 @@ def sampler_from_id(
     ):
         return None
     try:
-        return _sampler(sampler_id, base_model, model_path, adapter_root, registered)
+        return _sampling_session(sampler_id, base_model, model_path, adapter_root, registered)
     except BadRequest:
         return None
 
@@ -201,7 +201,7 @@ def _prompt_tokens(prompt: Any) -> list[int]:
 _UNSUPPORTED = ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
 
 
-def parse_sample(request: dict[str, Any], sampler: Sampler) -> SampleJob:
+def parse_sample(request: dict[str, Any], sampling_session: SamplingSession) -> SampleJob:
     """The engine request for one ``asample`` body. Raises :class:`BadRequest`.
 
     Engine body (vLLM ``/v1/completions``): ``model``, ``prompt`` = token ids,
@@ -223,7 +223,7 @@ def parse_sample(request: dict[str, Any], sampler: Sampler) -> SampleJob:
     if not isinstance(params, dict):
         raise BadRequest("sampling_params must be an object")
     body: dict[str, Any] = {
-        "model": sampler.model,
+        "model": sampling_session.model,
         "prompt": tokens,
         "n": num_samples,
         "temperature": _float(params, "temperature", 1.0),
@@ -259,5 +259,5 @@ def parse_sample(request: dict[str, Any], sampler: Sampler) -> SampleJob:
         last_n = _int(request, "prompt_logprobs_last_n", None)
         if last_n is not None and not 1 <= last_n < max(len(tokens), 2):
             raise BadRequest("prompt_logprobs_last_n must be between 1 and len(prompt) - 1")
-    session = f"{sampler.sampler_id}:{request.get('seq_id')}"
-    return SampleJob(sampler.model, orjson.dumps(body), session, num_samples, last_n)
+    session = f"{sampling_session.sampler_id}:{request.get('seq_id')}"
+    return SampleJob(sampling_session.model, orjson.dumps(body), session, num_samples, last_n)

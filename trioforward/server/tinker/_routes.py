@@ -25,7 +25,7 @@ from quart import Blueprint, Response, request
 
 from trioforward.server._errors import error_body
 from trioforward.server._validate import parse_body
-from trioforward.server.tinker._requests import make_sampler
+from trioforward.server.tinker._requests import make_sampling_session
 from trioforward.server.tinker._state import tinker_state
 from trioforward.server.tinker._wire import JSON
 
@@ -124,13 +124,13 @@ async def telemetry() -> Response:
 async def get_server_capabilities() -> Response:
     await _drain()
     state = tinker_state()
-    names = dict.fromkeys(await _engine_models(state.client))
+    names = dict.fromkeys(await _engine_model_names(state.client))
     names.update(dict.fromkeys(state.known_models()))
     models = [{"model_name": m, "sampleable": True, "trainable": False} for m in names]
     return _json({"supported_models": models})
 
 
-async def _engine_models(client: Any) -> list[str]:
+async def _engine_model_names(client: Any) -> list[str]:
     """The model names the engines list (``GET /v1/models``, a control call: never
     queued behind generations or a pause); [] if none answers in time."""
     return [str(m["id"]) for m in await client.engine_models()]
@@ -141,7 +141,7 @@ async def create_sampling_session() -> Response:
     body = await _body()
     state = tinker_state()
     seq = body.get("sampling_session_seq_id", 0)
-    sampler = make_sampler(
+    sampling_session = make_sampling_session(
         str(body.get("session_id", "")),
         seq if isinstance(seq, int) else 0,
         body.get("base_model") or None,
@@ -149,8 +149,8 @@ async def create_sampling_session() -> Response:
         state.adapter_root,
         state.registered_adapters(),
     )
-    state.remember(sampler)
-    return _json({"type": "create_sampling_session", "sampling_session_id": sampler.sampler_id})
+    state.remember(sampling_session)
+    return _json({"type": "create_sampling_session", "sampling_session_id": sampling_session.sampler_id})
 
 
 @blueprint.route("/samplers/<sampler_id>", methods=["GET"])
@@ -158,14 +158,14 @@ async def get_sampler(sampler_id: str) -> Response:
     # ``weight_version``: the version samples dispatched now run on (the SDK's
     # GetSamplerResponse ignores fields it does not know; docs/tinker.md).
     state = tinker_state()
-    sampler = state.sampler(sampler_id)
-    if sampler is None:
+    sampling_session = state.sampling_session(sampler_id)
+    if sampling_session is None:
         return _error(404, f"unknown sampler {sampler_id!r}", "not_found")
     return _json(
         {
-            "sampler_id": sampler.sampler_id,
-            "base_model": sampler.base_model,
-            "model_path": sampler.model_path,
+            "sampler_id": sampling_session.sampler_id,
+            "base_model": sampling_session.base_model,
+            "model_path": sampling_session.model_path,
             "weight_version": state.client.weight_version,
         }
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 from trioforward.server._state import GatewayState, get_state
 from trioforward.server.tinker._futures import FutureStore
-from trioforward.server.tinker._requests import Sampler, sampler_from_id
+from trioforward.server.tinker._requests import SamplingSession, sampling_session_from_id
 from trioforward.server.tinker._runner import SampleRunner
 
 __all__ = ["TinkerState", "tinker_state", "state_of", "EXTRAS_KEY"]
@@ -23,13 +23,13 @@ log = logging.getLogger("trioforward.tinker")
 
 # Workers when engines declare no capacity (engine_capacity = 0, unlimited).
 UNLIMITED_WORKERS = 16384
-# Samplers remembered at most (oldest forgotten first). Forgetting is harmless:
-# a sampler id describes itself and is decoded again when next used.
-MAX_SAMPLERS = 65536
+# Sampling sessions remembered at most (oldest forgotten first). Forgetting is harmless:
+# a sampling session id describes itself and is decoded again when next used.
+MAX_SAMPLING_SESSIONS = 65536
 
 
 class TinkerState:
-    """Future store, sample runner and known samplers of one serving app."""
+    """Future store, sample runner and known sampling sessions of one serving app."""
 
     def __init__(self, gateway: GatewayState) -> None:
         settings = gateway.settings
@@ -40,10 +40,10 @@ class TinkerState:
             hold=settings.future_hold,
             retention=settings.future_retention,
             max_retained=settings.max_retained_futures,
-            max_outstanding=settings.max_queued,
+            max_outstanding=settings.max_outstanding,
             epoch=None if fleet is None else fleet.epoch,
         )
-        # Fleet mode (docs/fleet.md): futures are the fleet's, max_queued is fleet-wide.
+        # Fleet mode (docs/fleet.md): futures are the fleet's, max_outstanding is fleet-wide.
         self.fleet = fleet
         self.shared: Any = None if fleet is None else fleet.futures
         if fleet is not None:
@@ -53,7 +53,7 @@ class TinkerState:
             self.store, self.client, gateway.nursery, self._worker_limit, gateway.metrics
         )
         self._capacity = settings.engine_capacity
-        self._samplers: OrderedDict[str, Sampler] = OrderedDict()
+        self._sampling_sessions: OrderedDict[str, SamplingSession] = OrderedDict()
         self._models: OrderedDict[str, None] = OrderedDict()
 
     def _worker_limit(self) -> int:
@@ -73,38 +73,38 @@ class TinkerState:
             return {}
         return adapters
 
-    def remember(self, sampler: Sampler) -> None:
-        """Keep the sampler; register its adapter so the dispatch core loads it on demand
+    def remember(self, sampling_session: SamplingSession) -> None:
+        """Keep the sampling session; register its adapter so the dispatch core loads it on demand
         (again, if the registry's bound made it forget an old one)."""
-        if sampler.adapter_path is not None and not self.client.adapters.is_adapter(sampler.model):
-            self.client.adapters.register(sampler.model, sampler.adapter_path)
-            log.info("tinker adapter %s registered at %s", sampler.model, sampler.adapter_path)
-        if sampler.sampler_id in self._samplers:
+        if sampling_session.adapter_path is not None and not self.client.adapters.is_adapter(sampling_session.model):
+            self.client.adapters.register(sampling_session.model, sampling_session.adapter_path)
+            log.info("tinker adapter %s registered at %s", sampling_session.model, sampling_session.adapter_path)
+        if sampling_session.sampler_id in self._sampling_sessions:
             return
-        self._samplers[sampler.sampler_id] = sampler
-        self._models[sampler.base_model] = None
-        self._models[sampler.model] = None
-        while len(self._samplers) > MAX_SAMPLERS:
-            self._samplers.popitem(last=False)
-        while len(self._models) > MAX_SAMPLERS:
+        self._sampling_sessions[sampling_session.sampler_id] = sampling_session
+        self._models[sampling_session.base_model] = None
+        self._models[sampling_session.model] = None
+        while len(self._sampling_sessions) > MAX_SAMPLING_SESSIONS:
+            self._sampling_sessions.popitem(last=False)
+        while len(self._models) > MAX_SAMPLING_SESSIONS:
             self._models.popitem(last=False)
 
-    def sampler(self, sampler_id: str) -> Sampler | None:
-        """A known sampler, or one decoded from its self-describing id (after a restart)."""
-        sampler = self._samplers.get(sampler_id)
-        if sampler is None:
-            sampler = sampler_from_id(sampler_id, self.adapter_root, self.registered_adapters())
-        if sampler is not None:
-            self.remember(sampler)  # re-registers an adapter the registry's bound dropped
-        return sampler
+    def sampling_session(self, sampler_id: str) -> SamplingSession | None:
+        """A known sampling session, or one decoded from its self-describing id (after a restart)."""
+        sampling_session = self._sampling_sessions.get(sampler_id)
+        if sampling_session is None:
+            sampling_session = sampling_session_from_id(sampler_id, self.adapter_root, self.registered_adapters())
+        if sampling_session is not None:
+            self.remember(sampling_session)  # re-registers an adapter the registry's bound dropped
+        return sampling_session
 
     @property
     def sampling_sessions(self) -> int:
         """Sampling sessions kept (at most :data:`MAX_SAMPLERS`, oldest dropped first)."""
-        return len(self._samplers)
+        return len(self._sampling_sessions)
 
     def known_models(self) -> list[str]:
-        """Models samplers have named, then the registered adapters."""
+        """Models sampling sessions have named, then the registered adapters."""
         models = dict(self._models)
         for name in self.registered_adapters():
             models[name] = None
