@@ -168,9 +168,9 @@ def _sampling_sessions(state: GatewayState) -> int:
 
 
 def _max_sampling_sessions() -> int:
-    from trioforward.server.tinker._state import MAX_SAMPLERS
+    from trioforward.server.tinker._state import MAX_SAMPLING_SESSIONS
 
-    return MAX_SAMPLERS
+    return MAX_SAMPLING_SESSIONS
 
 
 def install_routes(app: QuartTrio) -> None:

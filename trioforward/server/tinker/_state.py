@@ -100,7 +100,7 @@ class TinkerState:
 
     @property
     def sampling_sessions(self) -> int:
-        """Sampling sessions kept (at most :data:`MAX_SAMPLERS`, oldest dropped first)."""
+        """Sampling sessions kept (at most :data:`MAX_SAMPLING_SESSIONS`, oldest dropped first)."""
         return len(self._sampling_sessions)
 
     def known_models(self) -> list[str]:
