@@ -14,9 +14,13 @@ Measured, each in one run so the ratios compare like with like:
 
 - OpenAI path: requests/s and gateway CPU per request at bursts of 64 and 1024;
 - Tinker: gateway CPU per sample over N ``asample`` then N ``retrieve_future``
-  (``single`` vs ``fleet``).
+  (``single`` vs ``fleet``);
+- failover (``bench/_fleet_failover.py``): ``--failover-samples`` Tinker
+  samples through ``--workers 2`` in front of two engines taking 20 ms a
+  sample, one worker killed with SIGKILL halfway: samples lost, duplicates per
+  ``(session, seq)`` counted on the engines, time to recover.
 
-    python bench/fleet.py --requests 4096 --samples 2048
+    python bench/fleet.py --requests 4096 --samples 2048 --failover-samples 20000
 
 Writes ``bench/results/fleet.json``; prints a table. The machine's cores are
 shared by the engines, Valkey, the load generator and the gateway, so
@@ -38,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _fleet_failover as failover  # noqa: E402
 import _targets as targets  # noqa: E402
 from gateway_burst import process_cpu  # noqa: E402
 
@@ -52,9 +57,9 @@ def _gateway(name: str, engines: list[str], state_url: str, port: int) -> subpro
             "--no-access-log", "--log-level", "warning", "--fleet-name", f"bench-{name}"]
     for url in engines:
         args += ["--engine", url]
-    if name in ("fleet", "workers2"):
+    if name in ("fleet", "workers2", "failover"):
         args += ["--state-url", state_url]
-    if name == "workers2":
+    if name in ("workers2", "failover"):
         args += ["--workers", "2"]
     return targets.spawn(args)
 
@@ -146,8 +151,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     valkey.start()
     rows: list[dict[str, Any]] = []
     try:
-        engines = targets.start_engines(2, procs)
-        for name in ("single", "fleet", "workers2"):
+        names = () if args.only_failover else ("single", "fleet", "workers2")
+        engines = targets.start_engines(2, procs) if names else []
+        for name in names:
             port = targets.free_port("127.0.0.1")
             proc = _gateway(name, engines, f"unix://{private / 'valkey.sock'}", port)
             url = f"http://127.0.0.1:{port}"
@@ -166,12 +172,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rows.append({"target": name, "path": "tinker", **row})
             finally:
                 targets.stop(proc)
+        failed_over = _failover(args, f"unix://{private / 'valkey.sock'}", procs) if args.failover_samples else None
     finally:
         for proc in procs:
             targets.stop(proc)
         valkey.stop()
         shutil.rmtree(private, ignore_errors=True)
-    return {"benchmark": "fleet", "results": rows, "ratios": _ratios(rows)}
+    return {"benchmark": "fleet", "results": rows, "ratios": _ratios(rows) if rows else {},
+            "failover": failed_over}
+
+
+def _failover(args: argparse.Namespace, state_url: str, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+    engines = failover.start_engines(procs)
+    port = targets.free_port("127.0.0.1")
+    proc = _gateway("failover", engines, state_url, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        targets.wait_serving(url, engines, proc)
+        deadline = time.monotonic() + 30
+        while len(_pids(url, proc)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return failover.run(url, engines, args.failover_samples)
+    finally:
+        targets.stop(proc)
 
 
 def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -201,6 +224,8 @@ def format_table(report: dict[str, Any]) -> str:
         else:
             lines.append(f"| {r['target']} | tinker | {r['samples']} | - | "
                          f"{r['cpu_us_per_sample']:.0f} | {r['lost']} |")
+    if report.get("failover"):
+        lines += ["", failover.format_row(report["failover"])]
     return "\n".join(lines)
 
 
@@ -209,10 +234,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--sizes", default="64,1024", help="burst sizes")
     parser.add_argument("--requests", type=int, default=4096, help="OpenAI requests per size")
     parser.add_argument("--samples", type=int, default=2048, help="Tinker samples per target")
+    parser.add_argument("--failover-samples", type=int, default=20000,
+                        help="Tinker samples of the failover run (0: skip it)")
+    parser.add_argument("--only-failover", action="store_true", help="run the failover part only")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")]
     report = run(args)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.only_failover and (RESULTS / "fleet.json").exists():  # keep the other results
+        report = {**json.loads((RESULTS / "fleet.json").read_text()), "failover": report["failover"]}
     (RESULTS / "fleet.json").write_text(json.dumps(report, indent=2))
     print(format_table(report))
     for key, value in report["ratios"].items():

@@ -125,6 +125,43 @@ async def test_pending_futures_of_a_member_that_left_answer_410(
             assert gone.status_code == 410
 
 
+async def test_a_poll_held_for_a_member_that_leaves_answers_410_then_not_after_the_hold(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    async with open_sim(capacity=0, decode_ms_per_token=5000.0) as engine, AsyncExitStack() as stack:
+        # B holds a poll up to 10 minutes; the test gives it 30 s.
+        (b,) = await _members(engine.url, valkey, fleet_name, stack, 1, future_hold=600.0)
+        answers: list[int] = []
+        answered = trio.Event()
+        async with httpx.AsyncClient(base_url=b.url, timeout=60) as cb, trio.open_nursery() as nursery:
+            async with AsyncExitStack() as a_stack:
+                (a,) = await _members(engine.url, valkey, fleet_name, a_stack, 1, shutdown_grace=0.0)
+                with trio.fail_after(30):
+                    await _until_members([a, b], 2)
+                async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca:
+                    session = await _session(ca)
+                    issued = await ca.post("/api/v1/asample", json=_sample(session, 1))
+                request_id = issued.json()["request_id"]
+
+                async def poll() -> None:
+                    held = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
+                    answers.append(held.status_code)
+                    answered.set()
+
+                nursery.start_soon(poll)
+                waiting = b.state.fleet.futures._waiters
+                with trio.fail_after(30):
+                    while request_id not in waiting:  # B holds the poll
+                        await b.state.fleet.wait_tick()
+                assert answers == []
+            # A left with the sample pending (and it crashed the same way: its
+            # record expires): B ends the hold and answers 410.
+            with trio.fail_after(30):
+                await answered.wait()
+        assert answers == [410]
+        assert generation_requests(engine) == 1
+
+
 class Balancer:
     """A tiny HTTP balancer (ASGI, forwarding with httpx): ``asample`` always goes to
     the first member, ``retrieve_future`` always to the second (so every poll lands

@@ -69,6 +69,7 @@ async def test_completion_matches_the_prediction(engine: SimEngine) -> None:
         assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(f" t{tokens[0]}")
         assert choice["prompt_logprobs"] == expected_prompt_logprobs("sim-base", prompt, 1)
     assert engine.stats.completed == 1 and engine.stats.by_model == {"sim-base": 1}
+    assert engine.stats.by_seed == {42: 1}
 
 
 async def test_string_and_batched_prompts(engine: SimEngine) -> None:

@@ -187,10 +187,20 @@ class SharedFutures:
         event = self._waiters.setdefault(request_id, trio.Event())
         found = await self._read(request_id)
         if found is None:
+            # Held until the result is published or its owner leaves the fleet
+            # (then the read below answers 410 at once, not after the hold).
             with trio.move_on_after(hold):
-                await event.wait()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._until_owner_left, _epoch(request_id), nursery.cancel_scope)
+                    await event.wait()
+                    nursery.cancel_scope.cancel()
             found = await self._read(request_id)
         return found
+
+    async def _until_owner_left(self, epoch: str, scope: trio.CancelScope) -> None:
+        while self._fleet.epoch_alive(epoch):
+            await self._fleet.wait_tick()
+        scope.cancel()
 
     async def _read(self, request_id: str) -> tuple[str, bytes] | None:
         keys = self._keys
@@ -207,9 +217,13 @@ class SharedFutures:
                 return content_type.decode(), body
             if marker is not None:
                 raise FutureExpired(f"future {request_id!r} expired")
-            epoch = request_id.split("-")[1] if request_id.count("-") == 2 else ""
-            if not self._fleet.epoch_alive(epoch):
+            if not self._fleet.epoch_alive(_epoch(request_id)):
                 self._waiters.pop(request_id, None)
                 raise FutureExpired(f"the member that issued {request_id!r} left the fleet")
             return None
         raise StateUnavailable("shared state did not answer in time")
+
+
+def _epoch(request_id: str) -> str:
+    """The issuing member's epoch of ``tf-<epoch>-<n>`` ("" for other shapes)."""
+    return request_id.split("-")[1] if request_id.count("-") == 2 else ""

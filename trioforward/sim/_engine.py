@@ -355,6 +355,8 @@ class SimEngine:
         except ApiError as exc:
             return await ex.respond(exc.status, _JSON, exc.body())
         stats.by_model[gen.model] += 1
+        if gen.seed is not None:
+            stats.by_seed[gen.seed] += 1
         if not self.adapters.serves(gen.model) and not self.adapters.resolve_now(gen.model):
             return await ex.respond(*self.adapters.unknown(gen.model, self._nursery.start_soon))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.port}-{next(self._ids)}"

@@ -20,7 +20,9 @@ class EngineStats:
     - ``requests``: requests received (fully read), every path;
       ``by_path``: ``Counter[path]``; ``by_model``: ``Counter[model]``
       (generation requests naming a model, known or not; not counted for
-      requests the ``drop`` or ``reject`` fault answered, which are never parsed).
+      requests the ``drop`` or ``reject`` fault answered, which are never parsed);
+      ``by_seed``: ``Counter[seed]`` of the same requests that carry a ``seed``
+      (a client that gives each request its own seed counts generations per request).
     - ``completed``: generation requests answered 200 in full;
       ``aborted``: generation requests whose client went away before the
       answer was fully written (EOF/reset seen while queued, generating or writing).
@@ -52,6 +54,7 @@ class EngineStats:
         self.requests = 0
         self.by_path: Counter[str] = Counter()
         self.by_model: Counter[str] = Counter()
+        self.by_seed: Counter[int] = Counter()
         self.completed = 0
         self.aborted = 0
         self.responses: Counter[int] = Counter()
