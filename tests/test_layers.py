@@ -50,3 +50,15 @@ def test_packages_import_down_only_and_only_public_names() -> None:
                 elif other in BELOW and any(p.startswith("_") for p in parts[2:]):
                     wrong.append(f"{where} (a private module of {other})")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_pool_knows_nothing_of_queueing() -> None:
+    # QUEUED is the dispatch layer's phase (waiting for engine capacity or a pause):
+    # the enum lives outside http/, and no module of http/ names that phase.
+    import trioforward
+    import trioforward.http
+
+    assert trioforward.http.Phase is trioforward.Phase
+    assert trioforward.Phase.__module__ == "trioforward._phase"
+    named = [p.name for p in sorted((ROOT / "http").rglob("*.py")) if "QUEUED" in p.read_text()]
+    assert not named, f"http/ names the dispatch layer's QUEUED phase: {named}"

@@ -14,7 +14,7 @@ The gateway maps them to HTTP statuses (docs/server.md, "Errors"): :attr:`Triofo
 
 from __future__ import annotations
 
-from trioforward.http import Phase
+from trioforward import Phase
 
 __all__ = [
     "Phase",

@@ -16,9 +16,10 @@ from collections import Counter, OrderedDict
 import orjson
 import trio
 
+from trioforward import Phase
 from trioforward.dispatch._engines import Engine
 from trioforward.errors import AdapterLoadError
-from trioforward.http import ConnectionPool, Phase, PoolError
+from trioforward.http import ConnectionPool, PoolError
 
 __all__ = ["AdapterRegistry", "AdapterLoader"]
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import orjson
 import trio
 
-from trioforward import Settings
+from trioforward import Phase, Settings
 from trioforward.codec import Completion, decode_completion
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
@@ -39,7 +39,7 @@ from trioforward.dispatch._weights import (
     version_label,
 )
 from trioforward.errors import EngineRejected, TrioforwardError
-from trioforward.http import ConnectionPool, Phase, open_pool
+from trioforward.http import ConnectionPool, open_pool
 
 __all__ = ["Client", "open_client"]
 

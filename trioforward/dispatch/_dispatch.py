@@ -30,7 +30,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 
-from trioforward import Settings
+from trioforward import Phase, Settings
 from trioforward.dispatch._adapters import AdapterLoader
 from trioforward.dispatch._budget import RetryBudget
 from trioforward.dispatch._engines import Engine, Registry
@@ -54,7 +54,6 @@ from trioforward.errors import (
 )
 from trioforward.http import (
     ConnectionPool,
-    Phase,
     PoolError,
     PoolTimeout,
     Response,

@@ -6,9 +6,10 @@ from collections.abc import AsyncIterator
 
 import trio
 
+from trioforward import Phase
 from trioforward.dispatch._outcome import Reply, gateway_error
 from trioforward.dispatch._request import Request, strip_response_headers
-from trioforward.http import Phase, PoolError
+from trioforward.http import PoolError
 
 __all__ = ["ForwardStream"]
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+from trioforward import Phase
 from trioforward.dispatch._engines import Engine
 from trioforward.dispatch._policy import parse_retry_after
 from trioforward.errors import DispatchTimeout, EngineConnectError, TrioforwardError, UpstreamBroken
-from trioforward.http import Phase, PoolError, PoolTimeout, StreamResponse
+from trioforward.http import PoolError, PoolTimeout, StreamResponse
 
 __all__ = ["Reply", "gateway_error", "retry_after"]
 

@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trioforward.http import Phase
+from trioforward import Phase
 
 __all__ = [
     "Action",

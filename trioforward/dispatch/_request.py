@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
+from trioforward import Phase
 from trioforward.dispatch._policy import RetryCounts
 from trioforward.errors import DispatchAborted, TrioforwardError
-from trioforward.http import Phase
 
 if TYPE_CHECKING:
     from trioforward.dispatch._engines import Engine

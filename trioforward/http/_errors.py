@@ -1,4 +1,4 @@
-"""Phases of one upstream attempt, and the errors the pool raises.
+"""The errors the pool raises, each tagged with the phase of one upstream attempt.
 
 This module imports no trio: classifying a failure into a phase is protocol
 logic, not I/O (docs/design.md, "Layers"). The retry layer in ``trioforward.dispatch`` keys
@@ -9,7 +9,7 @@ response bytes had arrived (``response_bytes``).
 
 from __future__ import annotations
 
-import enum
+from trioforward._phase import Phase
 
 __all__ = [
     "Phase",
@@ -19,23 +19,6 @@ __all__ = [
     "RemoteProtocolError",
     "PoolTimeout",
 ]
-
-
-class Phase(enum.Enum):
-    """Where an attempt was when it failed (docs/design.md, "Phases").
-
-    ``QUEUED`` belongs to the dispatch layer (waiting for engine capacity or a
-    weight-update pause); the pool itself only ever reports the other four.
-    """
-
-    QUEUED = "queued"
-    CONNECT = "connect"  # opening TCP; no request byte sent
-    SEND = "send"  # writing the request; set *before* the first byte is written
-    AWAIT_HEADERS = "await_headers"  # request written, no response byte yet
-    READ_BODY = "read_body"  # response headers received, body arriving
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class PoolError(Exception):
