@@ -351,3 +351,13 @@ async def test_a_freeze_that_begins_just_before_the_deadline_does_not_wake_the_r
         assert 11.0 <= trio.current_time() - start < 11.0 + 2 * FROZEN_RECHECK
         assert asked <= 10 / FROZEN_RECHECK + 10  # one recheck a FROZEN_RECHECK, not a ms
         await engine.stats.wait_for(lambda s: s.aborted == 1)
+
+
+async def test_client_pause_refuses_a_replay_with_nothing_to_replay(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        with pytest.raises(ValueError, match="'replay' re-runs requests the pause ended"):
+            await client.pause(engine_mode="keep", replay=True)
+        with pytest.raises(ValueError, match="send one of the two"):
+            await client.pause(mode="abort", engine_mode="wait")
+        assert [e.paused for e in client.engines.list()] == [False]
+        assert not engine.rl.paused

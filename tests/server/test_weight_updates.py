@@ -189,3 +189,27 @@ async def test_tinker_results_carry_the_weight_version(fd_baseline: int) -> None
             metrics = (await client.get("/metrics")).text
         assert 'trioforward_weight_version_requests_total{weight_version="step-7"} 1.0' in metrics
         assert engine.stats.by_path["/v1/completions"] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"engine_mode": "keep", "mode": "abort"}, "mode"),
+        ({"engine_mode": "wait", "mode": "abort"}, "mode"),
+        ({"engine_mode": "keep", "replay": True}, "replay"),
+        ({"replay": True}, "replay"),  # gate-only wait ends nothing to replay
+    ],
+)
+async def test_a_pause_that_contradicts_itself_is_refused_and_pauses_nothing(
+    fd_baseline: int, body: dict[str, Any], param: str
+) -> None:
+    async with open_sim() as engine, open_gateway(engine.url) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            refused = await client.post("/admin/pause", json=body)
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["param"] == param and error["type"] == "invalid_request_error"
+            engines = (await client.get("/admin/engines")).json()["engines"]
+            assert [e["paused"] for e in engines] == [False]
+            assert not engine.rl.paused
+            assert (await client.post("/v1/completions", json=BODY)).status_code == 200

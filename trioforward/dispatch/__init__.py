@@ -21,7 +21,12 @@ from trioforward.dispatch._engine_control import ENGINE_MODES
 from trioforward.dispatch._engines import EngineInfo
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
-from trioforward.dispatch._weights import EnginePause, fleet_pause_args, fleet_pause_value
+from trioforward.dispatch._weights import (
+    EnginePause,
+    fleet_pause_args,
+    fleet_pause_value,
+    pause_conflict,
+)
 
 __all__ = [
     "open_client",
@@ -38,4 +43,5 @@ __all__ = [
     "EnginePause",
     "fleet_pause_args",
     "fleet_pause_value",
+    "pause_conflict",
 ]

@@ -52,6 +52,7 @@ __all__ = [
     "replaying_stream",
     "fleet_pause_value",
     "fleet_pause_args",
+    "pause_conflict",
 ]
 
 log = logging.getLogger("trioforward.dispatch")
@@ -67,6 +68,28 @@ class EnginePause:
     kind: str
     mode: str
     since: float
+
+
+def pause_conflict(mode: str, engine_mode: str | None, replay: bool) -> tuple[str, str] | None:
+    """What contradicts itself in a pause request, as ``(message, param)``, or None.
+
+    ``mode: "abort"`` is the gate-only way to end in-flight requests: beside an
+    ``engine_mode`` that keeps them (``keep``, ``retract``, ``wait``) it says the
+    opposite. ``replay`` re-runs requests the pause ended, so it means something
+    only when the pause ends some (docs/operations.md, "What a pause does")."""
+    if mode == "abort" and engine_mode not in (None, "abort"):
+        return (
+            f"'mode': \"abort\" ends in-flight requests, 'engine_mode': \"{engine_mode}\""
+            " keeps them: send one of the two",
+            "mode",
+        )
+    if replay and engine_mode != "abort" and not (engine_mode is None and mode == "abort"):
+        return (
+            "'replay' re-runs requests the pause ended: it needs 'engine_mode': \"abort\""
+            " (or 'mode': \"abort\" without 'engine_mode')",
+            "replay",
+        )
+    return None
 
 
 def is_abort_answer(content: bytes) -> bool:
@@ -157,6 +180,9 @@ class WeightUpdates:
             raise ValueError(
                 f"engine_mode must be one of {', '.join(ENGINE_MODES)}, got {engine_mode!r}"
             )
+        conflict = pause_conflict(mode, engine_mode, replay)
+        if conflict is not None:
+            raise ValueError(conflict[0])
         gated = [e for e in targets if not e.paused]
         for engine in gated:
             self._registry.set_paused(engine, True)

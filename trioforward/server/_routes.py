@@ -36,7 +36,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward._engine_url import EngineURLError, engine_url
-from trioforward.dispatch import ENGINE_MODES, fleet_pause_value
+from trioforward.dispatch import ENGINE_MODES, fleet_pause_value, pause_conflict
 from trioforward.errors import EngineControlError
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
@@ -284,6 +284,9 @@ def install_routes(app: QuartTrio) -> None:
         replay = data.get("replay", False)
         if not isinstance(replay, bool):
             raise bad_request("'replay' must be true or false", "replay")
+        conflict = pause_conflict(mode, engine_mode, replay)
+        if conflict is not None:
+            raise bad_request(*conflict)
         engines = _known_engines(state, data)
         try:
             if state.fleet is None:
