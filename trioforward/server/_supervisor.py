@@ -52,7 +52,8 @@ MISSING_EXTRA = (
 
 def supervise(settings: Settings) -> int:
     """Run ``settings.workers`` workers until SIGTERM/SIGINT; returns the exit status
-    (0; 2 when the fleet extra is missing, with a message naming it)."""
+    (0; 1 when the port cannot be listened on; 2 when the fleet extra is missing,
+    with a message naming it)."""
     try:
         import coredis  # noqa: F401  (the workers need it)
 
@@ -61,29 +62,32 @@ def supervise(settings: Settings) -> int:
     except ImportError:
         print(MISSING_EXTRA.format(n=settings.workers), file=sys.stderr)
         return 2
-    with _private_dir() as private, _state(settings, private) as state_url:
+    try:
         listener = _listen(settings)
-        try:
-            worker = dataclasses.replace(settings, workers=1, state_url=state_url)
-            metrics_dir = private / "metrics"
-            metrics_dir.mkdir()
-            env = {
-                **os.environ,
-                MULTIPROC_ENV: str(metrics_dir),
-                SETTINGS_ENV: orjson.dumps(dataclasses.asdict(worker)).decode(),
-                FD_ENV: str(listener.fileno()),
-            }
-            host, port = listener.getsockname()[:2]
-            log.info(
-                "supervising %d workers on %s:%d (fleet %s)",
-                settings.workers,
-                host,
-                port,
-                settings.fleet_name,
-            )
-            trio.run(_supervise, settings, env, listener.fileno())
-        finally:
-            listener.close()
+    except OSError as error:  # a taken port, a host not on this machine: say which
+        log.error(
+            "cannot listen on %s:%d: %s", settings.host, settings.port, error.strerror or error
+        )
+        return 1
+    with listener, _private_dir() as private, _state(settings, private) as state_url:
+        worker = dataclasses.replace(settings, workers=1, state_url=state_url)
+        metrics_dir = private / "metrics"
+        metrics_dir.mkdir()
+        env = {
+            **os.environ,
+            MULTIPROC_ENV: str(metrics_dir),
+            SETTINGS_ENV: orjson.dumps(dataclasses.asdict(worker)).decode(),
+            FD_ENV: str(listener.fileno()),
+        }
+        host, port = listener.getsockname()[:2]
+        log.info(
+            "supervising %d workers on %s:%d (fleet %s)",
+            settings.workers,
+            host,
+            port,
+            settings.fleet_name,
+        )
+        trio.run(_supervise, settings, env, listener.fileno())
     log.info("stopped")
     return 0
 
