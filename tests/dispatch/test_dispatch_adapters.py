@@ -194,3 +194,16 @@ def test_the_registry_forgets_the_least_recently_used_idle_adapter() -> None:
     registry.in_use.clear()
     registry.register("d", "/d")
     assert registry.list() == {"a": "/a", "d": "/d"} and registry.dropped == 2
+
+
+def test_a_parent_goes_with_its_adapter_and_within_the_registry_bound() -> None:
+    from trioforward.dispatch._adapters import AdapterRegistry
+
+    registry = AdapterRegistry(limit=2)
+    for step in range(3):
+        registry.register(f"step{step}", f"/w/{step}", parent="base")
+    assert registry.list() == {"step1": "/w/1", "step2": "/w/2"}
+    assert [registry.parent(f"step{i}") for i in range(3)] == [None, "base", "base"]
+    registry.register("step2", "/w/2")  # a re-registration without a parent clears it
+    registry.unregister("step1")
+    assert (registry.parent("step1"), registry.parent("step2")) == (None, None)

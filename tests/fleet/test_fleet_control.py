@@ -76,16 +76,22 @@ async def test_engines_and_adapters_changed_on_one_member_reach_every_member_and
             await _until_members([a, b], 2)
         async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca:
             assert (await ca.post("/admin/engines", json={"url": second.url})).status_code == 201
-            assert (await ca.post("/admin/adapters", json={"name": "lora-x", "path": "/p/x"})).status_code == 201
+            lora = {"name": "lora-x", "path": "/p/x", "parent": "sim-base"}
+            assert (await ca.post("/admin/adapters", json=lora)).status_code == 201
             removed = await ca.request("DELETE", "/admin/engines", params={"url": engine.url})
             assert removed.status_code == 200
         for gw in (a, b):
             assert [e.url for e in gw.state.client.engines.list()] == [second.url]
             assert gw.state.client.adapters.list().get("lora-x") == "/p/x"
+            # The parent is part of the fleet's record, not one member's memory.
+            async with httpx.AsyncClient(base_url=gw.url) as cg:
+                listed = (await cg.get("/admin/adapters")).json()["adapters"]
+            assert {"name": "lora-x", "path": "/p/x", "parent": "sim-base"} in listed
         # A member joining later applies the fleet's state before it takes traffic.
         (c,) = await _members(engine.url, valkey, fleet_name, stack, 1)
         assert [e.url for e in c.state.client.engines.list()] == [second.url]
         assert c.state.client.adapters.list().get("lora-x") == "/p/x"
+        assert c.state.client.adapters.parent("lora-x") == "sim-base"
         async with httpx.AsyncClient(base_url=c.url) as cc:
             engines = (await cc.get("/admin/engines")).json()
         assert set(engines["fleet"]["engines"]) == {second.url}

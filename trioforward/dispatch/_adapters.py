@@ -29,17 +29,20 @@ log = logging.getLogger("trioforward.dispatch")
 class AdapterRegistry:
     """``client.adapters``: which model names are LoRA adapters, and where they live."""
 
-    __slots__ = ("_paths", "limit", "in_use", "dropped")
+    __slots__ = ("_paths", "_parents", "limit", "in_use", "dropped")
 
     def __init__(self, paths: dict[str, str] | None = None, limit: int = 0) -> None:
         # Least recently used first: registration and each dispatch move a name last.
         self._paths: OrderedDict[str, str] = OrderedDict(paths or {})
+        self._parents: dict[str, str] = {}  # name -> base model, when one was given
         self.limit = limit  # 0 = unlimited
         self.in_use: Counter[str] = Counter()  # requests dispatched with the adapter now
         self.dropped = 0  # forgotten to stay within ``limit``
 
-    def register(self, name: str, path: str) -> None:
-        """Make ``name`` loadable from ``path`` (an engine-side path).
+    def register(self, name: str, path: str, parent: str | None = None) -> None:
+        """Make ``name`` loadable from ``path`` (an engine-side path); ``parent`` is
+        the base model it was trained from, as ``/v1/models`` shows it (a
+        re-registration without one clears the old one).
 
         Beyond ``limit`` registered adapters the least recently used one that no
         request is using is forgotten (an RL run makes one adapter per step; the
@@ -50,10 +53,15 @@ class AdapterRegistry:
             raise ValueError("an adapter needs a name and a path")
         self._paths[name] = path
         self._paths.move_to_end(name)
+        if parent:
+            self._parents[name] = parent
+        else:
+            self._parents.pop(name, None)
         excess = len(self._paths) - self.limit if self.limit else 0
         if excess > 0:
             for old in [n for n in self._paths if n != name and not self.in_use.get(n)][:excess]:
                 del self._paths[old]
+                self._parents.pop(old, None)
                 self.dropped += 1
 
     def touch(self, name: str) -> None:
@@ -64,6 +72,11 @@ class AdapterRegistry:
     def unregister(self, name: str) -> None:
         """Forget ``name`` (engines that loaded it keep it). Unknown names are ignored."""
         self._paths.pop(name, None)
+        self._parents.pop(name, None)
+
+    def parent(self, name: str) -> str | None:
+        """The base model ``name`` was registered with, or None."""
+        return self._parents.get(name)
 
     def list(self) -> dict[str, str]:
         """A copy of the registry: name -> path."""

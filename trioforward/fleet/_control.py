@@ -3,7 +3,8 @@
 State lives in Redis as three hashes and a version (docs/fleet.md, "Control
 plane"): ``paused`` (``"*"`` or an engine URL -> pause mode), ``engines``
 (URL -> ``add`` | ``remove``, on top of the configured engines) and
-``adapters`` (name -> path; ``""`` unregisters one, configured or not). An
+``adapters`` (name -> ``{"path", "parent"}`` as JSON; ``""`` unregisters one,
+configured or not). An
 admin change is one ``MULTI`` transaction that edits a hash and increments the
 version, then a ``PUBLISH`` of the version on the fleet's announce channel.
 
@@ -29,6 +30,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import trio
 
 from trioforward.dispatch import fleet_pause_args
@@ -117,10 +119,12 @@ class ControlPlane:
         key = self._keys.control("engines")
         return await self._change(lambda p: p.hset(key, {url.rstrip("/"): "remove"}))
 
-    async def register_adapter(self, name: str, path: str) -> int:
-        """Register adapter ``name`` at ``path`` on every member."""
+    async def register_adapter(self, name: str, path: str, parent: str | None = None) -> int:
+        """Register adapter ``name`` at ``path`` (trained from base model ``parent``)
+        on every member."""
         key = self._keys.control("adapters")
-        return await self._change(lambda p: p.hset(key, {name: path}))
+        record = orjson.dumps({"path": path, "parent": parent}).decode()
+        return await self._change(lambda p: p.hset(key, {name: record}))
 
     async def unregister_adapter(self, name: str) -> int:
         """Unregister adapter ``name`` on every member."""
@@ -214,12 +218,17 @@ class ControlPlane:
             if op == "add" and url not in known:
                 client.engines.add(url)
                 self._fleet.leases.adopt(url)
-        registered = client.adapters.list()
-        for name, path in adapters.items():
-            if path and registered.get(name) != path:
-                client.adapters.register(name, path)
-            elif not path and name in registered:
-                client.adapters.unregister(name)
+        registry = client.adapters
+        registered = registry.list()
+        for name, value in adapters.items():
+            if not value:
+                if name in registered:
+                    registry.unregister(name)
+                continue
+            record = orjson.loads(value)
+            path, parent = record["path"], record["parent"]
+            if registered.get(name) != path or registry.parent(name) != parent:
+                registry.register(name, path, parent)
         known = {info.url for info in client.engines.list()}
         want_all = paused.get(ALL)
         want = {url: mode for url, mode in paused.items() if url != ALL and url in known}

@@ -45,7 +45,6 @@ from trioforward.server._validate import parse_body
 
 __all__ = ["install_routes"]
 
-_PARENTS = "adapter_parents"  # GatewayState.extras key: adapter name -> base model
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -229,15 +228,15 @@ def install_routes(app: QuartTrio) -> None:
         for model in await state.client.engine_models():
             seen.setdefault(model["id"], model)
         bases = [m["id"] for m in seen.values() if not m.get("parent")]
-        parents: dict[str, str] = state.extras.get(_PARENTS, {})
-        for name, path in state.client.adapters.list().items():
+        registry = state.client.adapters
+        for name, path in registry.list().items():
             if name not in seen:
                 seen[name] = {
                     "id": name,
                     "object": "model",
                     "owned_by": "trioforward",
                     "root": path,
-                    "parent": parents.get(name) or (bases[0] if len(bases) == 1 else None),
+                    "parent": registry.parent(name) or (bases[0] if len(bases) == 1 else None),
                 }
         return _json({"object": "list", "data": list(seen.values())})
 
@@ -323,13 +322,13 @@ def install_routes(app: QuartTrio) -> None:
     @app.get("/admin/adapters")
     async def list_adapters() -> Response:
         state = get_state()
-        parents: dict[str, str] = state.extras.get(_PARENTS, {})
-        adapters = state.client.adapters.list()
+        registry = state.client.adapters
+        adapters = registry.list()
         settings = state.settings
         return _json(
             {
                 "adapters": [
-                    {"name": n, "path": p, "parent": parents.get(n)} for n, p in adapters.items()
+                    {"name": n, "path": p, "parent": registry.parent(n)} for n, p in adapters.items()
                 ],
                 # The bounds (docs/server.md, "Admin API"): what each engine holds,
                 # and how many adapters and Tinker sampling sessions are kept.
@@ -353,15 +352,10 @@ def install_routes(app: QuartTrio) -> None:
         if parent is not None and not isinstance(parent, str):
             raise bad_request("'parent' must be a string", "parent")
         if state.fleet is not None:
-            await _fleet_wide(state.fleet.control.register_adapter(name, path))
+            await _fleet_wide(state.fleet.control.register_adapter(name, path, parent))
         else:
-            state.client.adapters.register(name, path)
-        # Re-registering replaces the record: a parent not given is cleared.
-        parents = state.extras.setdefault(_PARENTS, {})
-        if parent:
-            parents[name] = parent
-        else:
-            parents.pop(name, None)
+            # Re-registering replaces the record: a parent not given is cleared.
+            state.client.adapters.register(name, path, parent)
         return _json({"name": name, "path": path, "parent": parent}, 201)
 
     @app.delete("/admin/adapters")
@@ -376,5 +370,4 @@ def install_routes(app: QuartTrio) -> None:
             await _fleet_wide(state.fleet.control.unregister_adapter(name))
         else:
             state.client.adapters.unregister(name)
-        state.extras.get(_PARENTS, {}).pop(name, None)
         return _json({"name": name, "deleted": True})
