@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import trio
@@ -21,6 +21,7 @@ from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import EngineControl
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._forward_stream import ForwardStream
+from trioforward.dispatch._gating import PauseGate
 from trioforward.dispatch._health import health_loop
 from trioforward.dispatch._prefix import request_prefix_key
 from trioforward.dispatch._request import (
@@ -43,12 +44,10 @@ from trioforward.http import ConnectionPool, open_pool
 
 __all__ = ["Client", "open_client"]
 
-PauseMode = Literal["wait", "abort"]
-EngineMode = Literal["keep", "retract", "wait", "abort"]
 READMIT_MAX = 30.0  # s: longest back-off before an ejected engine is tried again (no probes)
 
 
-class Client:
+class Client(PauseGate):
     """Forwards requests to engines under the rules of docs/dispatch.md. Create with :func:`open_client`."""
 
     def __init__(
@@ -328,83 +327,6 @@ class Client:
         ``error`` (``None`` for other errors): what ``Retry-After`` says
         (docs/server.md, "Headers passed on"). Sets ``error.retry_after`` too."""
         return self._dispatcher._hinted(error).retry_after
-
-    # -- weight-update gating ---------------------------------------------------------
-
-    def _targets(self, engines: Iterable[str] | None) -> list[Engine]:
-        if engines is None:
-            return list(self._registry.engines)
-        return [self._registry.get(url) for url in engines]
-
-    async def pause(
-        self,
-        engines: Iterable[str] | None = None,
-        mode: PauseMode = "wait",
-        *,
-        engine_mode: EngineMode | None = None,
-        replay: bool = False,
-        call_engines: bool = True,
-    ) -> None:
-        """Stop new dispatch to ``engines`` (default: all, including ones added later),
-        and with ``engine_mode`` pause the engines themselves (docs/operations.md).
-
-        Requests keep arriving and wait in QUEUED, with no budget charged. Gate
-        only (no ``engine_mode``): ``mode="wait"`` returns once the in-flight
-        requests there finished; ``"abort"`` closes them and returns. With
-        ``engine_mode`` (``"keep"``, ``"retract"``, ``"wait"``, ``"abort"``) every
-        engine is paused too, at once, all or nothing. ``replay=True``: requests
-        a pause aborted run again, whole, after :meth:`resume`; otherwise each
-        caller gets :class:`DispatchAborted`. ``call_engines=False``: gate and
-        prepare here only (a fleet member; one member pauses the engines).
-
-        Raises ``KeyError`` for an unknown engine, ``ValueError`` for a bad
-        mode, :class:`~trioforward.dispatch.EngineControlError` (naming the
-        engine) when an engine fails to pause — the others are then resumed.
-        """
-        if mode not in ("wait", "abort"):
-            raise ValueError(f"pause mode must be 'wait' or 'abort', got {mode!r}")
-        targets = self._targets(engines)
-        was_all = self._paused_all
-        if engines is None:
-            self._paused_all = True
-        try:
-            await self.weights.pause(targets, mode, engine_mode, replay, call_engines)
-        except BaseException:
-            self._paused_all = was_all
-            raise
-
-    async def resume(
-        self, engines: Iterable[str] | None = None, *, weight_version: str | None = None
-    ) -> None:
-        """Resume the engines paused with an ``engine_mode`` (telling them
-        ``weight_version``), record ``weight_version`` (every later answer carries
-        it), then let dispatch start again; waiting requests go in FIFO order.
-        Raises ``ValueError`` for a bad version, :class:`EngineControlError` for an
-        engine that failed to resume (it stays paused; the others are resumed).
-        """
-        targets = self._targets(engines)
-        if engines is None:
-            self._paused_all = False
-        await self.weights.resume(targets, weight_version)
-        await trio.lowlevel.checkpoint()
-
-    @property
-    def weight_version(self) -> str | None:
-        """The weight version recorded by the last ``resume(weight_version=...)``."""
-        return self._dispatcher.weight_version
-
-    @asynccontextmanager
-    async def paused(
-        self, engines: Iterable[str] | None = None, mode: PauseMode = "wait"
-    ) -> AsyncIterator[None]:
-        """``async with client.paused():`` — pause on entry, resume on exit (even on error)."""
-        targets = None if engines is None else list(engines)
-        await self.pause(targets, mode)
-        try:
-            yield
-        finally:
-            with trio.CancelScope(shield=True):
-                await self.resume(targets)
 
     # -- introspection ---------------------------------------------------------------
 

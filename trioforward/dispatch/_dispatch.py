@@ -4,7 +4,8 @@
 (body read inside the block) share one attempt loop, ``_dispatch``. It routes a
 :class:`Request`, waits for the engine's capacity
 (QUEUED: bounded only by ``queue_timeout``), computes the dispatch deadline once
-(``dispatch_timeout`` from capacity acquired) and makes attempts under it. After
+(``dispatch_timeout`` from capacity acquired) and makes attempts under it
+(routing and the capacity wait itself live in ``_queueing.py``). After
 every attempt it asks ``_policy`` what the outcome means and carries the
 decision out: return, raise the gateway error, or retry — at once on a fresh
 connection, after a backoff, after loading an adapter, or on another engine.
@@ -44,14 +45,10 @@ from trioforward.dispatch._policy import (
     decide_error,
     decide_status,
 )
+from trioforward.dispatch._queueing import acquire, conserve
 from trioforward.dispatch._request import Request
 from trioforward.dispatch._routing import Router
-from trioforward.errors import (
-    NoEngineAvailable,
-    QueueFull,
-    QueueTimeout,
-    TrioforwardError,
-)
+from trioforward.errors import QueueFull, TrioforwardError
 from trioforward.http import (
     ConnectionPool,
     PoolError,
@@ -123,87 +120,6 @@ class Dispatcher:
             health_successes=s.health_successes,
         )
         return error
-
-    # -- QUEUED -------------------------------------------------------------------
-
-    async def _acquire(
-        self, req: Request, avoid: Engine | None, queue_deadline: float, now: float
-    ) -> tuple[Engine, float]:
-        """Route ``req`` and wait for that engine's capacity.
-
-        Returns the engine (token held) and the time it was acquired (``now`` if
-        there was no wait: the clock is read only when time can have passed).
-
-        Raises :class:`NoEngineAvailable` (none registered, or none eligible when
-        ``queue_deadline`` passes) or :class:`QueueTimeout`.
-        """
-        registry = self.registry
-        woken = False
-        waited = False
-        unhealthy_since: float | None = None
-        while True:
-            engine = req.moved_to
-            req.moved_to = None
-            if engine is None or not engine.eligible:
-                engine = self.router.pick(
-                    registry.engines, session=req.session, avoid=avoid, prefix=req.prefix
-                )
-            if engine is None:
-                if not registry.engines:
-                    raise NoEngineAvailable("no engine is registered")
-                deadline, why = queue_deadline, "queue_timeout"
-                if self.unhealthy_timeout is not None and not registry.any_healthy_paused():
-                    # Nothing to wait for but a failed engine coming back: unlike a
-                    # capacity queue or a weight-update pause this wait has no
-                    # progress guarantee, so it gets its own bound.
-                    if unhealthy_since is None:
-                        unhealthy_since = trio.current_time()
-                    if unhealthy_since + self.unhealthy_timeout < deadline:
-                        deadline, why = unhealthy_since + self.unhealthy_timeout, "unhealthy_timeout"
-                message = f"no healthy engine ({len(registry.engines)} registered) before {why} passed"
-                if trio.current_time() >= deadline:
-                    raise NoEngineAvailable(message)
-                waited = True
-                with trio.CancelScope(deadline=deadline):
-                    await registry.wait_eligible()
-                    woken = True
-                    continue
-                raise NoEngineAvailable(message)
-            if woken:
-                registry.wake()  # hand the wake-up on: parked requests leave in FIFO order
-                woken = False
-            limiter = engine.limiter
-            try:
-                limiter.acquire_on_behalf_of_nowait(req)
-            except trio.WouldBlock:
-                waited = True
-                if trio.current_time() >= queue_deadline:
-                    raise QueueTimeout(
-                        "engine capacity not available before queue_timeout", engine=engine.url
-                    ) from None
-                req.rerouted = False
-                scope = req.queue_scope = trio.CancelScope(deadline=queue_deadline)
-                engine.queued += 1
-                engine.waiters[req] = None
-                try:
-                    with scope:
-                        await limiter.acquire_on_behalf_of(req)
-                finally:
-                    engine.queued -= 1
-                    engine.waiters.pop(req, None)
-                    req.queue_scope = None
-                if scope.cancelled_caught:
-                    if req.rerouted:
-                        continue  # paused/ejected/removed while we queued: route again
-                    raise QueueTimeout(
-                        "engine capacity not available before queue_timeout", engine=engine.url
-                    ) from None
-            if engine.eligible:
-                req.moved_to = None  # moved too late: the token came first
-                return engine, (trio.current_time() if waited else now)
-            # Became ineligible between the token hand-off and now.
-            limiter.release_on_behalf_of(req)
-            avoid = None
 
     # -- dispatch ---------------------------------------------------------------
 
@@ -292,7 +208,7 @@ class Dispatcher:
                             engine.calls.discard(req)
                             engine.limiter.release_on_behalf_of(req)
                             engine.call_finished()
-                            self._conserve(engine)
+                            conserve(self.router, self.registry, engine)
                             t0 = trio.current_time()
                             req.engine_time += t0 - start
                             self.engine_time_avg += 0.1 * (t0 - start - self.engine_time_avg)
@@ -307,32 +223,21 @@ class Dispatcher:
         finally:
             self.outstanding -= 1
 
-    def _conserve(self, engine: Engine) -> None:
-        """Work conservation under ``routing = "prefix"`` (docs/dispatch.md): a slot
-        of ``engine`` that no request queued there takes goes to the request queued
-        last on the engine with the longest queue, if ``engine`` is within the load
-        bound. Requests with a session key stay where their session is."""
-        prefix = self.router.prefix
-        if prefix is None or not engine.eligible or engine.limiter.available_tokens < 1:
-            return
-        engines = self.registry.engines
-        donor = max(engines, key=lambda e: len(e.waiters))
-        if donor is engine or not donor.waiters or engine.outstanding >= prefix.room(engines):
-            return
-        for req in reversed(donor.waiters):
-            if req.session is None and not req.rerouted and req.queue_scope is not None:
-                req.rerouted = True
-                req.moved_to = engine
-                req.queue_scope.cancel()
-                return
-
     async def _queue(
         self, req: Request, avoid: Engine | None, queue_deadline: float, t0: float
     ) -> tuple[Engine, float]:
-        """QUEUED from ``t0``: :meth:`_acquire`, counted in ``queued`` and ``req.queue_time``."""
+        """QUEUED from ``t0``: :func:`acquire`, counted in ``queued`` and ``req.queue_time``."""
         self.queued += 1
         try:
-            engine, start = await self._acquire(req, avoid, queue_deadline, t0)
+            engine, start = await acquire(
+                req,
+                avoid,
+                queue_deadline,
+                t0,
+                registry=self.registry,
+                router=self.router,
+                unhealthy_timeout=self.unhealthy_timeout,
+            )
         except BaseException:
             req.queue_time += trio.current_time() - t0
             raise

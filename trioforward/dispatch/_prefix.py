@@ -26,7 +26,7 @@ already holds the longest prefix of its prompt. Three rules choose it:
    while another engine with room
    has a free slot goes to the first such engine in the anchor's order. The
    other half — a slot that frees takes a request queued elsewhere — is the
-   dispatcher's (``Dispatcher._conserve``), since only it sees slots free.
+   dispatcher's (``_queueing.conserve``), since only it sees slots free.
 
 With ``table_size = 0`` only rules 2 and 3 apply and the choice is a pure function
 of the prompt, the engine list and the loads: every gateway of a fleet makes

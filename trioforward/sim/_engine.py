@@ -1,4 +1,6 @@
-"""The simulated engine: listener, routes, the capacity queue and the timing model.
+"""The simulated engine: listener, routes and the capacity queue (docs/sim.md, "Engine model").
+
+The timing model's sleeps (prefill, decode, stalls) are in ``_timing.py``.
 
 Timing model (vLLM's scheduler, simplified): ``capacity`` requests run at once
 (``max_num_seqs``; a FIFO ``trio.CapacityLimiter``), the rest wait in the
@@ -45,6 +47,7 @@ from trioforward.sim._prefix_cache import (
 from trioforward.sim._rl import RLControl, Run, answer_aborted
 from trioforward.sim._stats import EngineStats
 from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
+from trioforward.sim._timing import TimingModel
 
 __all__ = ["SimEngine"]
 
@@ -54,7 +57,7 @@ _JSON = b"application/json"
 _SSE = STREAM_CONTENT_TYPE
 
 
-class SimEngine:
+class SimEngine(TimingModel):
     """One simulated vLLM engine. Create it with :func:`trioforward.sim.open_engine`.
 
     Attributes: ``url`` (``"http://HOST:PORT"``), ``host``, ``port``, ``stats``
@@ -225,60 +228,6 @@ class SimEngine:
             await serve_connection(self, stream, self._handle)
         except Exception:
             log.exception("simulated engine: connection failed")
-
-    # -- timing model --------------------------------------------------------
-
-    @property
-    def instant(self) -> bool:
-        """True when generation takes no time at all (no sleep, no queue)."""
-        return (
-            self.prefill_ms_per_token <= 0
-            and self.decode_ms_per_token <= 0
-            and trio.current_time() >= self._stall_until
-            and not self.rl.paused
-        )
-
-    def prefill_stall(self, seconds: float, slowdown: float = math.inf) -> None:
-        """Slow every running decode by ``slowdown`` (inf = halt) for ``seconds`` (inf = until ended)."""
-        self._stall_until = trio.current_time() + seconds
-        self._stall_slowdown = max(1.0, slowdown)
-        self._wake_decoders()
-
-    def end_stall(self) -> None:
-        """End a prefill stall now."""
-        self._stall_until = -math.inf
-        self._wake_decoders()
-
-    def _wake_decoders(self) -> None:
-        self._stall_changed.set()
-        self._stall_changed = trio.Event()
-
-    async def _decode(self, steps: int) -> None:
-        # Progress is integrated over time: a stall starting or ending wakes
-        # every decoder, which re-plans at the new rate (one sleep per change,
-        # not one per token).
-        remaining = steps * self.decode_ms_per_token / 1000.0
-        while True:
-            now = trio.current_time()
-            rate, horizon = 1.0, math.inf
-            if now < self._stall_until:
-                rate, horizon = 1.0 / self._stall_slowdown, self._stall_until - now
-            if self.rl.frozen:  # a keep / in_place / retract pause: no progress until resume
-                rate, horizon = 0.0, math.inf
-            if remaining <= 0 and rate > 0:
-                return
-            need = remaining / rate if rate > 0 else math.inf
-            changed = self._stall_changed
-            with trio.move_on_after(min(need, horizon)):
-                await changed.wait()
-            if not changed.is_set() and need <= horizon:
-                return
-            remaining -= (trio.current_time() - now) * rate
-
-    async def _prefill(self, gen: Generation) -> None:
-        seconds = self.prefill_ms_per_token * prefill_tokens(self.prefix_cache, self.stats, gen) / 1000.0
-        if seconds > 0:
-            await trio.sleep(seconds)
 
     # -- routes --------------------------------------------------------------
 

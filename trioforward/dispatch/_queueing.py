@@ -1,0 +1,125 @@
+"""QUEUED: routing a request and waiting for its engine's capacity, and work
+conservation under prefix routing (docs/dispatch.md, "Engines, capacity and routing";
+docs/dispatch.md, "Prefix routing").
+
+The attempt loop (``Dispatcher._dispatch`` in ``_dispatch.py``) calls
+:func:`acquire` each time a request queues (first, and again after moving to
+another engine) and :func:`conserve` each time it gives an engine's capacity back.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from trioforward.dispatch._engines import Engine, Registry
+from trioforward.dispatch._request import Request
+from trioforward.dispatch._routing import Router
+from trioforward.errors import NoEngineAvailable, QueueTimeout
+
+__all__ = ["acquire", "conserve"]
+
+
+async def acquire(
+    req: Request,
+    avoid: Engine | None,
+    queue_deadline: float,
+    now: float,
+    *,
+    registry: Registry,
+    router: Router,
+    unhealthy_timeout: float | None,
+) -> tuple[Engine, float]:
+    """Route ``req`` and wait for that engine's capacity.
+
+    Returns the engine (token held) and the time it was acquired (``now`` if
+    there was no wait: the clock is read only when time can have passed).
+
+    Raises :class:`NoEngineAvailable` (none registered, or none eligible when
+    ``queue_deadline`` passes) or :class:`QueueTimeout`.
+    """
+    woken = False
+    waited = False
+    unhealthy_since: float | None = None
+    while True:
+        engine = req.moved_to
+        req.moved_to = None
+        if engine is None or not engine.eligible:
+            engine = router.pick(
+                registry.engines, session=req.session, avoid=avoid, prefix=req.prefix
+            )
+        if engine is None:
+            if not registry.engines:
+                raise NoEngineAvailable("no engine is registered")
+            deadline, why = queue_deadline, "queue_timeout"
+            if unhealthy_timeout is not None and not registry.any_healthy_paused():
+                # Nothing to wait for but a failed engine coming back: unlike a
+                # capacity queue or a weight-update pause this wait has no
+                # progress guarantee, so it gets its own bound.
+                if unhealthy_since is None:
+                    unhealthy_since = trio.current_time()
+                if unhealthy_since + unhealthy_timeout < deadline:
+                    deadline, why = unhealthy_since + unhealthy_timeout, "unhealthy_timeout"
+            message = f"no healthy engine ({len(registry.engines)} registered) before {why} passed"
+            if trio.current_time() >= deadline:
+                raise NoEngineAvailable(message)
+            waited = True
+            with trio.CancelScope(deadline=deadline):
+                await registry.wait_eligible()
+                woken = True
+                continue
+            raise NoEngineAvailable(message)
+        if woken:
+            registry.wake()  # hand the wake-up on: parked requests leave in FIFO order
+            woken = False
+        limiter = engine.limiter
+        try:
+            limiter.acquire_on_behalf_of_nowait(req)
+        except trio.WouldBlock:
+            waited = True
+            if trio.current_time() >= queue_deadline:
+                raise QueueTimeout(
+                    "engine capacity not available before queue_timeout", engine=engine.url
+                ) from None
+            req.rerouted = False
+            scope = req.queue_scope = trio.CancelScope(deadline=queue_deadline)
+            engine.queued += 1
+            engine.waiters[req] = None
+            try:
+                with scope:
+                    await limiter.acquire_on_behalf_of(req)
+            finally:
+                engine.queued -= 1
+                engine.waiters.pop(req, None)
+                req.queue_scope = None
+            if scope.cancelled_caught:
+                if req.rerouted:
+                    continue  # paused/ejected/removed while we queued: route again
+                raise QueueTimeout(
+                    "engine capacity not available before queue_timeout", engine=engine.url
+                ) from None
+        if engine.eligible:
+            req.moved_to = None  # moved too late: the token came first
+            return engine, (trio.current_time() if waited else now)
+        # Became ineligible between the token hand-off and now.
+        limiter.release_on_behalf_of(req)
+        avoid = None
+
+
+def conserve(router: Router, registry: Registry, engine: Engine) -> None:
+    """Work conservation under ``routing = "prefix"`` (docs/dispatch.md): a slot
+    of ``engine`` that no request queued there takes goes to the request queued
+    last on the engine with the longest queue, if ``engine`` is within the load
+    bound. Requests with a session key stay where their session is."""
+    prefix = router.prefix
+    if prefix is None or not engine.eligible or engine.limiter.available_tokens < 1:
+        return
+    engines = registry.engines
+    donor = max(engines, key=lambda e: len(e.waiters))
+    if donor is engine or not donor.waiters or engine.outstanding >= prefix.room(engines):
+        return
+    for req in reversed(donor.waiters):
+        if req.session is None and not req.rerouted and req.queue_scope is not None:
+            req.rerouted = True
+            req.moved_to = engine
+            req.queue_scope.cancel()
+            return
