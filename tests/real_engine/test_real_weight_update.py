@@ -13,32 +13,38 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from conftest import Server
-from test_real_disconnect import metric
 from vllm_probes import MODEL
 
-N, MAX_TOKENS = 16, 240  # seconds of work on 2 cores: the pause lands mid-generation
+N, MAX_TOKENS = 32, 240  # about a second of work on 2 cores: the pause lands mid-generation
 
 
-def _generate(url: str) -> httpx.Response:
-    body = {
-        "model": MODEL,
-        "prompt": [0, 413],
-        "max_tokens": MAX_TOKENS,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
-    with httpx.Client(timeout=300) as client:
-        return client.post(url + "/v1/completions", json=body)
+BODY = {
+    "model": MODEL,
+    "prompt": [0, 413],
+    "max_tokens": MAX_TOKENS,
+    "ignore_eos": True,
+    "return_token_ids": True,
+}
+
+
+def _dispatched(gateway: Server, engine: Server) -> int:
+    """Requests the gateway has on ``engine`` now (its own count, never stale)."""
+    engines = httpx.get(gateway.url + "/admin/engines", timeout=10).json()["engines"]
+    return sum(e["in_flight"] for e in engines if e["url"] == engine.url)
 
 
 def _update(
     gateway: Server, engine: Server, pause: dict[str, object], version: str
 ) -> list[httpx.Response]:
-    with ThreadPoolExecutor(N) as pool:
-        futures = [pool.submit(_generate, gateway.url) for _ in range(N)]
+    with ThreadPoolExecutor(N) as pool, httpx.Client(timeout=300) as client:
+        url = gateway.url + "/v1/completions"
+        futures = [pool.submit(client.post, url, json=BODY) for _ in range(N)]
+        # Pause once every request is on the engine: vLLM's running gauge is only
+        # refreshed by engine steps (an idle engine can still show the last
+        # request), so the gateway's own count says when they all got there.
         deadline = time.monotonic() + 120
-        while metric(engine, "vllm:num_requests_running") < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while _dispatched(gateway, engine) < N and time.monotonic() < deadline:
+            time.sleep(0.02)
         with httpx.Client(timeout=300) as admin:
             paused = admin.post(gateway.url + "/admin/pause", json=pause)
             assert paused.status_code == 200, paused.text
