@@ -15,13 +15,16 @@ import httpx
 from conftest import Server
 from vllm_probes import MODEL
 
-N, MAX_TOKENS = 32, 240  # about a second of work on 2 cores: the pause lands mid-generation
+# N requests of SEQS sequences each: 128 sequences of 240 tokens keep the engine busy
+# for seconds on 2 cores, so the pause lands while requests are on it.
+N, SEQS, MAX_TOKENS = 16, 8, 240
 
 
 BODY = {
     "model": MODEL,
     "prompt": [0, 413],
     "max_tokens": MAX_TOKENS,
+    "n": SEQS,
     "ignore_eos": True,
     "return_token_ids": True,
 }
@@ -39,11 +42,11 @@ def _update(
     with ThreadPoolExecutor(N) as pool, httpx.Client(timeout=300) as client:
         url = gateway.url + "/v1/completions"
         futures = [pool.submit(client.post, url, json=BODY) for _ in range(N)]
-        # Pause once every request is on the engine: vLLM's running gauge is only
-        # refreshed by engine steps (an idle engine can still show the last
-        # request), so the gateway's own count says when they all got there.
+        # Pause once requests are on the engine, by the gateway's own count: vLLM's
+        # running gauge is only refreshed by engine steps, so an idle engine can
+        # still show the last request of an earlier test.
         deadline = time.monotonic() + 120
-        while _dispatched(gateway, engine) < N and time.monotonic() < deadline:
+        while _dispatched(gateway, engine) < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         with httpx.Client(timeout=300) as admin:
             paused = admin.post(gateway.url + "/admin/pause", json=pause)
