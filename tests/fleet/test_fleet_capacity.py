@@ -8,30 +8,13 @@ from typing import Any
 import httpx
 import orjson
 import trio
-from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
+from fleet_testing import open_members
+from gateway_harness import Gateway, generation_requests, open_sim
 
 CAPACITY = 8
 # Three members, the engine and 200 clients share one trio loop here, which stalls
 # ticks for up to ~1.3 s in a burst: the TTL must outlast that (docs/fleet.md).
 MEMBER_TTL = 3.0
-
-
-async def _members(engine_url: str, valkey: Any, fleet_name: str, n: int, stack: AsyncExitStack) -> list[Gateway]:
-    gateways = []
-    for _ in range(n):
-        gateways.append(
-            await stack.enter_async_context(
-                open_gateway(
-                    engine_url,
-                    state_url=valkey.url,
-                    fleet_name=fleet_name,
-                    engine_capacity=CAPACITY,
-                    lease_interval=0.05,
-                    member_ttl=MEMBER_TTL,
-                )
-            )
-        )
-    return gateways
 
 
 async def _converged(gateways: list[Gateway], url: str) -> None:
@@ -52,7 +35,9 @@ async def test_three_members_keep_the_engine_at_its_capacity(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
     async with open_sim(capacity=0, decode_ms_per_token=2.0) as engine, AsyncExitStack() as stack:
-        gateways = await _members(engine.url, valkey, fleet_name, 3, stack)
+        gateways = await open_members(
+            engine.url, valkey, fleet_name, stack, 3, engine_capacity=CAPACITY, member_ttl=MEMBER_TTL
+        )
         # Idle: the capacity is spread over the members and sums to it.
         with trio.fail_after(30):
             await _converged(gateways, engine.url)
@@ -97,7 +82,9 @@ async def test_a_dead_members_share_returns_within_member_ttl(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
-        (gateway,) = await _members(engine.url, valkey, fleet_name, 1, stack)
+        (gateway,) = await open_members(
+            engine.url, valkey, fleet_name, stack, 1, engine_capacity=CAPACITY, member_ttl=MEMBER_TTL
+        )
         fleet = gateway.state.fleet
         # A member that wrote one heartbeat (busy on the engine) and then died.
         import coredis

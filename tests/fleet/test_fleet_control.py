@@ -10,34 +10,17 @@ import httpx
 import orjson
 import trio
 import trio.testing
-from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
-
-
-async def _members(engine_url: str, valkey: Any, fleet_name: str, stack: AsyncExitStack, n: int = 2) -> list[Gateway]:
-    return [
-        await stack.enter_async_context(
-            open_gateway(
-                engine_url, state_url=valkey.url, fleet_name=fleet_name,
-                lease_interval=0.05, member_ttl=1.0,
-            )
-        )
-        for _ in range(n)
-    ]
-
-
-async def _until_members(gateways: list[Gateway], n: int) -> None:
-    while not all(len(gw.state.fleet.members) == n for gw in gateways):
-        for gw in gateways:
-            await gw.state.fleet.wait_tick()
+from fleet_testing import open_members, until_members
+from gateway_harness import generation_requests, open_sim
 
 
 async def test_pause_on_one_member_holds_requests_on_another_and_resume_releases_both(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
-        a, b = await _members(engine.url, valkey, fleet_name, stack)
+        a, b = await open_members(engine.url, valkey, fleet_name, stack, member_ttl=1.0)
         with trio.fail_after(30):
-            await _until_members([a, b], 2)
+            await until_members([a, b], 2)
         ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
         cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
         paused = await ca.post("/admin/pause", json={"mode": "wait"})
@@ -71,9 +54,9 @@ async def test_engines_and_adapters_changed_on_one_member_reach_every_member_and
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
     async with open_sim(capacity=0) as engine, open_sim(capacity=0) as second, AsyncExitStack() as stack:
-        a, b = await _members(engine.url, valkey, fleet_name, stack)
+        a, b = await open_members(engine.url, valkey, fleet_name, stack, member_ttl=1.0)
         with trio.fail_after(30):
-            await _until_members([a, b], 2)
+            await until_members([a, b], 2)
         async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca:
             assert (await ca.post("/admin/engines", json={"url": second.url})).status_code == 201
             lora = {"name": "lora-x", "path": "/p/x", "parent": "sim-base"}
@@ -88,7 +71,7 @@ async def test_engines_and_adapters_changed_on_one_member_reach_every_member_and
                 listed = (await cg.get("/admin/adapters")).json()["adapters"]
             assert {"name": "lora-x", "path": "/p/x", "parent": "sim-base"} in listed
         # A member joining later applies the fleet's state before it takes traffic.
-        (c,) = await _members(engine.url, valkey, fleet_name, stack, 1)
+        (c,) = await open_members(engine.url, valkey, fleet_name, stack, 1, member_ttl=1.0)
         assert [e.url for e in c.state.client.engines.list()] == [second.url]
         assert c.state.client.adapters.list().get("lora-x") == "/p/x"
         assert c.state.client.adapters.parent("lora-x") == "sim-base"
@@ -102,7 +85,7 @@ async def test_a_member_that_does_not_apply_a_change_is_named_in_a_503(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
-        (a,) = await _members(engine.url, valkey, fleet_name, stack, 1)
+        (a,) = await open_members(engine.url, valkey, fleet_name, stack, 1, member_ttl=1.0)
         fleet = a.state.fleet
         fleet.control.ack_timeout = 0.5
         import coredis

@@ -14,34 +14,13 @@ from typing import Any
 
 import httpx
 import trio
-from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
+from fleet_testing import open_members, until_members
+from gateway_harness import generation_requests, open_sim
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server" / "tinker"))
 os.environ["TINKER_TELEMETRY"] = "0"
 
 PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [101, 7, 2048, 3]}]}
-
-
-async def _members(engine_url: str, valkey: Any, fleet_name: str, stack: AsyncExitStack, n: int = 2, **knobs: Any) -> list[Gateway]:
-    return [
-        await stack.enter_async_context(
-            open_gateway(
-                engine_url,
-                state_url=valkey.url,
-                fleet_name=fleet_name,
-                lease_interval=0.05,
-                member_ttl=2.0,
-                **knobs,
-            )
-        )
-        for _ in range(n)
-    ]
-
-
-async def _until_members(gateways: list[Gateway], n: int) -> None:
-    while not all(len(gw.state.fleet.members) == n for gw in gateways):
-        for gw in gateways:
-            await gw.state.fleet.wait_tick()
 
 
 async def _session(client: httpx.AsyncClient) -> str:
@@ -67,9 +46,9 @@ async def test_submit_on_one_member_poll_on_another_and_resubmit_anywhere(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
-        a, b = await _members(engine.url, valkey, fleet_name, stack)
+        a, b = await open_members(engine.url, valkey, fleet_name, stack)
         with trio.fail_after(30):
-            await _until_members([a, b], 2)
+            await until_members([a, b], 2)
         ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
         cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
         session = await _session(ca)
@@ -102,11 +81,11 @@ async def test_pending_futures_of_a_member_that_left_answer_410(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
     async with open_sim(capacity=0, decode_ms_per_token=5000.0) as engine, AsyncExitStack() as stack:
-        (b,) = await _members(engine.url, valkey, fleet_name, stack, 1, future_hold=0.2)
+        (b,) = await open_members(engine.url, valkey, fleet_name, stack, 1, future_hold=0.2)
         async with AsyncExitStack() as a_stack:
-            (a,) = await _members(engine.url, valkey, fleet_name, a_stack, 1, shutdown_grace=0.0)
+            (a,) = await open_members(engine.url, valkey, fleet_name, a_stack, 1, shutdown_grace=0.0)
             with trio.fail_after(30):
-                await _until_members([a, b], 2)
+                await until_members([a, b], 2)
             async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca:
                 session = await _session(ca)
                 pending = (await ca.post("/api/v1/asample", json=_sample(session, 1))).json()
@@ -130,14 +109,14 @@ async def test_a_poll_held_for_a_member_that_leaves_answers_410_then_not_after_t
 ) -> None:
     async with open_sim(capacity=0, decode_ms_per_token=5000.0) as engine, AsyncExitStack() as stack:
         # B holds a poll up to 10 minutes; the test gives it 30 s.
-        (b,) = await _members(engine.url, valkey, fleet_name, stack, 1, future_hold=600.0)
+        (b,) = await open_members(engine.url, valkey, fleet_name, stack, 1, future_hold=600.0)
         answers: list[int] = []
         answered = trio.Event()
         async with httpx.AsyncClient(base_url=b.url, timeout=60) as cb, trio.open_nursery() as nursery:
             async with AsyncExitStack() as a_stack:
-                (a,) = await _members(engine.url, valkey, fleet_name, a_stack, 1, shutdown_grace=0.0)
+                (a,) = await open_members(engine.url, valkey, fleet_name, a_stack, 1, shutdown_grace=0.0)
                 with trio.fail_after(30):
-                    await _until_members([a, b], 2)
+                    await until_members([a, b], 2)
                 async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca:
                     session = await _session(ca)
                     issued = await ca.post("/api/v1/asample", json=_sample(session, 1))
@@ -219,9 +198,9 @@ async def test_the_tinker_sdk_submits_on_one_member_and_polls_on_another(
     from _tinker_harness import sdk_sample
 
     async with open_sim(capacity=0, decode_ms_per_token=1.0) as engine, AsyncExitStack() as stack:
-        members = await _members(engine.url, valkey, fleet_name, stack)
+        members = await open_members(engine.url, valkey, fleet_name, stack)
         with trio.fail_after(30):
-            await _until_members(members, 2)
+            await until_members(members, 2)
         balancer = Balancer([gw.url for gw in members])
         url = await stack.enter_async_context(serving(balancer))
         results: list[Any] = []
@@ -254,7 +233,7 @@ async def test_a_claim_that_outlived_its_request_is_run_not_left_dangling(
     """Redis ran this member's claim after the asample waiting for it gave up (503):
     the SDK's resubmit must get a future that runs, not an id nobody runs."""
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
-        (a,) = await _members(engine.url, valkey, fleet_name, stack, 1)
+        (a,) = await open_members(engine.url, valkey, fleet_name, stack, 1)
         client = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
         session = await _session(client)
         fleet = a.state.fleet
