@@ -254,12 +254,14 @@ async def test_time_frozen_on_a_keep_paused_engine_is_not_charged_to_the_dispatc
         assert engine.stats.completed == 1
 
 
-async def test_the_moved_deadline_still_holds_after_resume(
-    fd_baseline: int, autojump_clock: trio.testing.MockClock
-) -> None:
+async def frozen_past_the_deadline(
+    dispatch_timeout: float, freeze_after: float, frozen: float
+) -> tuple[TrioforwardError, float]:
+    """A 100 s generation under ``dispatch_timeout``, keep-paused ``freeze_after`` s
+    after dispatch for ``frozen`` s: the error it ends with and when (s after start)."""
     async with (
         open_engine(decode_ms_per_token=100) as engine,
-        client_for(engine, dispatch_timeout=5.0) as client,
+        client_for(engine, dispatch_timeout=dispatch_timeout) as client,
     ):
         errors: list[TrioforwardError] = []
 
@@ -272,14 +274,22 @@ async def test_the_moved_deadline_still_holds_after_resume(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one)
             await engine.stats.wait_for(lambda s: s.running == 1)
-            await trio.sleep(1.0)
+            await trio.sleep(freeze_after)
             await client.pause(engine_mode="keep")
-            await trio.sleep(30)
+            await trio.sleep(frozen)
             await client.resume()
-        # Deadline 5 s after dispatch, moved by the 30 s frozen: a 504 at 35 s.
-        assert errors[0].status == 504 and errors[0].code == "dispatch_timeout"
-        assert 35.0 <= trio.current_time() - start < 35.1
+        ended = trio.current_time() - start
         await engine.stats.wait_for(lambda s: s.aborted == 1)
+        return errors[0], ended
+
+
+async def test_the_moved_deadline_still_holds_after_resume(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    error, ended = await frozen_past_the_deadline(5.0, freeze_after=1.0, frozen=30)
+    # Deadline 5 s after dispatch, moved by the 30 s frozen: a 504 at 35 s.
+    assert error.status == 504 and error.code == "dispatch_timeout"
+    assert 35.0 <= ended < 35.1
 
 
 async def test_time_frozen_on_a_keep_paused_engine_is_not_charged_to_the_read_timeout(
@@ -328,29 +338,10 @@ async def test_a_freeze_that_begins_just_before_the_deadline_does_not_wake_the_r
         return original(self)
 
     monkeypatch.setattr(Request, "extended_deadline", counting)
-    async with (
-        open_engine(decode_ms_per_token=100) as engine,
-        client_for(engine, dispatch_timeout=1.0) as client,
-    ):
-        errors: list[TrioforwardError] = []
-
-        async def one() -> None:
-            with pytest.raises(TrioforwardError) as info:
-                await client.post(COMPLETION, json=gen(max_tokens=1000))
-            errors.append(info.value)
-
-        start = trio.current_time()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(one)
-            await engine.stats.wait_for(lambda s: s.running == 1)
-            await trio.sleep(0.999)
-            await client.pause(engine_mode="keep")
-            await trio.sleep(10)
-            await client.resume()
-        assert errors[0].status == 504  # the budget left at the freeze, spent after resume
-        assert 11.0 <= trio.current_time() - start < 11.0 + 2 * FROZEN_RECHECK
-        assert asked <= 10 / FROZEN_RECHECK + 10  # one recheck a FROZEN_RECHECK, not a ms
-        await engine.stats.wait_for(lambda s: s.aborted == 1)
+    error, ended = await frozen_past_the_deadline(1.0, freeze_after=0.999, frozen=10)
+    assert error.status == 504  # the budget left at the freeze, spent after resume
+    assert 11.0 <= ended < 11.0 + 2 * FROZEN_RECHECK
+    assert asked <= 10 / FROZEN_RECHECK + 10  # one recheck a FROZEN_RECHECK, not a ms
 
 
 async def test_client_pause_refuses_a_replay_with_nothing_to_replay(fd_baseline: int) -> None:
