@@ -95,6 +95,32 @@ def test_create_app_without_arguments_reads_config_file_and_environment(
 
 
 @pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("TRIOFORWARD_ROUTING", "fastest", "setting 'routing': "),
+        ("TRIOFORWARD_CONFIG", "{missing}", "$TRIOFORWARD_CONFIG {missing}: No such file"),
+        ("TRIOFORWARD_CONFIG", "{bad_toml}", "$TRIOFORWARD_CONFIG {bad_toml}: not valid TOML"),
+    ],
+)
+def test_create_app_without_arguments_names_a_bad_setting_in_one_line_and_exits_2(
+    variable: str, value: str, message: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The hypercorn command's entry (docs/server.md, "Under the hypercorn command")."""
+    from trioforward.server import create_app
+
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("engine_capacity = [")
+    paths = {"missing": tmp_path / "missing.toml", "bad_toml": bad_toml}
+    monkeypatch.setenv(variable, value.format(**paths))
+    with pytest.raises(SystemExit) as exited:
+        create_app()
+    assert exited.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("Error: " + message.format(**paths)), line
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--state-url", "redis://127.0.0.1:1"], "--state-url needs the fleet extra"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tomllib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,7 +29,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from trioforward import Settings
+from trioforward import Settings, SettingsError
 from trioforward.server._asgi import Front
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
@@ -48,11 +49,17 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     """The gateway app. ``settings=None``: :meth:`Settings.load` from the file named by
     ``$TRIOFORWARD_CONFIG`` (if set) and ``TRIOFORWARD_*`` variables.
 
-    Raises :class:`~trioforward.SettingsError` for a bad knob. The app serves once
-    started by an ASGI server with the trio worker (``hypercorn -k trio``).
+    With ``settings`` given, a bad knob raised :class:`~trioforward.SettingsError`
+    when they were built. Without, this is an ASGI server's command-line entry
+    (``hypercorn -k trio "trioforward.server:create_app()"``): a bad knob, TOML file
+    or missing file prints one line, ``Error: setting 'engine_capacity': ...
+    (TRIOFORWARD_ENGINE_CAPACITY)``, on stderr and raises ``SystemExit(2)`` — any other
+    exception would be a traceback in Hypercorn's worker process (docs/server.md,
+    "Under the hypercorn command"). The app serves once started by an ASGI server
+    with the trio worker.
     """
     if settings is None:
-        settings = Settings.load(config_file=os.environ.get(CONFIG_ENV) or None)
+        settings = _settings_from_environment()
     _configure_logging(settings)
 
     app = QuartTrio("trioforward.server")
@@ -79,6 +86,18 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     front = Front(app, app.asgi_app, {**OPENAI_ROUTES, **tinker.FRONT_ROUTES})
     app.asgi_app = front  # type: ignore[method-assign,assignment]
     return app
+
+
+def _settings_from_environment() -> Settings:
+    from trioforward.server._cli import explain_bad_settings
+
+    config_file = os.environ.get(CONFIG_ENV) or None
+    try:
+        return Settings.load(config_file=config_file)
+    except (SettingsError, tomllib.TOMLDecodeError, OSError, TypeError) as exc:
+        where = f"${CONFIG_ENV} {config_file}"
+        print(f"Error: {explain_bad_settings(exc, where, flag=False)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _fleet_or_none(app: QuartTrio) -> Any:

@@ -21,7 +21,7 @@ import trio
 
 from trioforward import RENAMED_KNOBS, Knob, Settings, SettingsError, knobs
 
-__all__ = ["serve", "load_settings"]
+__all__ = ["serve", "load_settings", "explain_bad_settings"]
 
 
 def _describe(knob: Knob) -> str:
@@ -71,14 +71,24 @@ def load_settings(
         overrides["engines"] = tuple(e for e in str(listed).split(",") if e.strip()) + extra
     try:
         return Settings.load(config_file=config_file, overrides=overrides)
-    except SettingsError as exc:
+    except (SettingsError, tomllib.TOMLDecodeError, TypeError) as exc:
+        raise click.UsageError(explain_bad_settings(exc, f"--config {config_file}")) from None
+
+
+def explain_bad_settings(exc: Exception, config_file: str, *, flag: bool = True) -> str:
+    """One line for a :class:`SettingsError`, a TOML error in ``config_file`` (as the
+    user named it) or an unreadable file: the knob with its flag (``flag``) and its
+    variable, or the file."""
+    if isinstance(exc, SettingsError):
         knob = next((k for k in knobs() if k.name == exc.knob), None)
-        where = f" ({knob.flag} / {knob.env})" if knob is not None else ""
-        raise click.UsageError(f"{exc}{where}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise click.UsageError(f"--config {config_file}: not valid TOML: {exc}") from None
-    except TypeError as exc:
-        raise click.UsageError(f"bad setting: {exc}") from None
+        if knob is None:
+            return str(exc)
+        return f"{exc} ({knob.flag} / {knob.env})" if flag else f"{exc} ({knob.env})"
+    if isinstance(exc, tomllib.TOMLDecodeError):
+        return f"{config_file}: not valid TOML: {exc}"
+    if isinstance(exc, OSError):
+        return f"{config_file}: {exc.strerror or exc}"
+    return f"bad setting: {exc}"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
