@@ -48,8 +48,9 @@ def test_demo_short_run_has_no_failures(tmp_path: Path) -> None:
 def test_demo_help_lists_its_flags() -> None:
     done = subprocess.run([sys.executable, "-c", CLI, "demo", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
-    for flag in ("--engines", "--duration", "--json", "--engine", "--burst", "--port"):
-        assert flag in done.stdout
+    for flag in ("--engines COUNT", "--duration SECONDS", "--json FILE", "--engine URL",
+                 "--burst REQUESTS", "--port PORT"):
+        assert flag in done.stdout, flag
 
 
 def _demo(*args: str) -> subprocess.CompletedProcess[str]:

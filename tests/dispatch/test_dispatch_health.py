@@ -97,12 +97,13 @@ async def test_stalled_health_endpoint_counts_as_failure(
             await wait_health(client, engine.url, True)
 
 
+@pytest.mark.parametrize(("failures", "counted"), [(2, "2 consecutive failures"), (1, "1 consecutive failure")])
 async def test_ejection_and_readmission_are_logged(
-    fd_baseline: int, caplog: pytest.LogCaptureFixture
+    failures: int, counted: str, fd_baseline: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", logger="trioforward.dispatch")
     async with open_engine() as e1, open_engine() as e2:
-        async with client_for(e1, e2, health_interval=0.02, health_failures=2) as client:
+        async with client_for(e1, e2, health_interval=0.02, health_failures=failures) as client:
             e1.faults.health_status = 503
             await wait_health(client, e1.url, False)
             e1.faults.health_status = 200
@@ -110,7 +111,7 @@ async def test_ejection_and_readmission_are_logged(
     messages = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "trioforward.dispatch"]
     assert (
         "INFO",
-        f"engine {e1.url} ejected after 2 consecutive failures; 1 of 2 engine(s) healthy",
+        f"engine {e1.url} ejected after {counted}; 1 of 2 engine(s) healthy",
     ) in messages
     assert ("INFO", f"engine {e1.url} healthy again (re-admitted)") in messages
 

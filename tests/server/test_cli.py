@@ -27,6 +27,18 @@ def test_help_documents_every_knob_with_default_and_env() -> None:
     assert "[default: 75.0 s" in text
 
 
+def test_help_names_what_each_value_is_and_counts_in_the_singular_for_one() -> None:
+    text = CliRunner().invoke(main, ["serve", "--help"], terminal_width=200).output
+    assert " TEXT " not in text, text
+    for option in ("--port PORT", "--host ADDRESS", "--routing POLICY", "--log-level LEVEL",
+                   "--engine-kind KIND", "--idle-expiry SECONDS", "--engines URL,...",
+                   "--retry-budget-min RETRIES_PER_SECOND"):
+        assert option in text, option
+    for default in ("[default: 1 retry;", "[default: 1 success;", "[default: 1 process;",
+                    "[default: 4 retries;", "[default: 0.2;"):
+        assert default in text, default
+
+
 @pytest.mark.parametrize(
     ("args", "knob"),
     [

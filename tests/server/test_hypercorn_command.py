@@ -66,7 +66,7 @@ async def test_logs_under_the_hypercorn_command(fd_baseline: int) -> None:
     text = err.decode()
     assert "trioforward.server: gateway serving 2 engine(s)" in text, text
     assert "trioforward.access: POST /v1/completions 200 engine=" in text, text
-    assert f"engine {dead.url} ejected after 1 consecutive failures" in text, text
+    assert f"engine {dead.url} ejected after 1 consecutive failure;" in text, text
 
 
 def _hypercorn(*flags: str) -> list[str]:

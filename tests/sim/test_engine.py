@@ -87,6 +87,9 @@ def test_cli_help_lists_every_option() -> None:
         "--host",
     ):
         assert flag in result.output
+    assert "RANGE" not in result.output and " TEXT " not in result.output, result.output
+    for option in ("--port PORT", "--host ADDRESS", "--decode-ms-per-token MS", "--keep-alive SECONDS"):
+        assert option in result.output, option
     bad = CliRunner().invoke(sim_engine, ["--port", "0", "--adapter", "nopath"])
     assert bad.exit_code != 0 and "NAME=PATH" in bad.output
 

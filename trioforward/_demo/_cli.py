@@ -100,13 +100,13 @@ async def _main(opts: Options, tally: Tally, step: Step, bar: Progress) -> dict[
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--engines", "engine_count", type=click.IntRange(1, 64), default=3, show_default=True,
+@click.option("--engines", "engine_count", type=click.IntRange(1, 64), default=3, show_default=True, metavar="COUNT",
               help="Simulated engines to start (ignored with --engine).")
-@click.option("--duration", type=click.FloatRange(2.0), default=40.0, show_default=True,
+@click.option("--duration", type=click.FloatRange(2.0), default=40.0, show_default=True, metavar="SECONDS",
               help="Seconds of traffic; the whole run takes a little longer.")
-@click.option("--burst", type=click.IntRange(0), default=2000, show_default=True,
+@click.option("--burst", type=click.IntRange(0), default=2000, show_default=True, metavar="REQUESTS",
               help="Concurrent requests in the burst.")
-@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, metavar="PORT",
               help="Gateway port on 127.0.0.1 (0 = a free port).")
 @click.option("--engine", "external", multiple=True, metavar="URL",
               help="A real engine (vLLM/SGLang) to drive instead of the simulated fleet; repeatable.")

@@ -8,6 +8,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from trioforward._demo._tally import Tally, quantile
+from trioforward._words import count_of
 
 __all__ = ["render_summary"]
 
@@ -71,11 +72,11 @@ def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> No
         scenario.add_row(
             "weight update (engine pause abort + replay, resume with a version)",
             f"engines ({kinds}) paused {pause['held_seconds']} s; "
-            + (f"{ended} requests ended by the engines were replayed whole; " if ended is not None else "")
-            + f"{pause.get('streams_resubmitted', 0)} started streams ended with an error event and were "
-            f"resubmitted; {pause['waited']} requests waited in QUEUED (longest "
+            + (f"{count_of(ended, 'requests')} ended by the engines, replayed whole; " if ended is not None else "")
+            + f"{count_of(pause.get('streams_resubmitted', 0), 'started streams')} ended with an error event, "
+            f"resubmitted; {count_of(pause['waited'], 'requests')} waited in QUEUED (longest "
             f"{pause['longest_wait_seconds']} s); dispatch {verdict}; version "
-            f"{pause.get('weight_version')} on {pause.get('answers_with_version', 0)} answers since",
+            f"{pause.get('weight_version')} on {count_of(pause.get('answers_with_version', 0), 'answers')} since",
         )
     restart = report["scenario"].get("engine_restart")
     if restart:
@@ -83,8 +84,8 @@ def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> No
         scenario.add_row(
             "engine drained, killed, restarted",
             f"{restart['engine']} killed at t={restart['stopped_at']} s, back at t={restart['restarted_at']} s; "
-            f"{connect} requests refused at connect were retried elsewhere; it served "
-            f"{restart.get('completed_after_restart', '?')} requests after restart",
+            f"{count_of(connect, 'requests')} refused at connect, retried elsewhere; it served "
+            f"{count_of(restart.get('completed_after_restart', 0), 'requests')} after restart",
         )
     elif report["mode"] == "external":
         scenario.add_row("engine stopped and restarted", "skipped (real engines are never stopped by the demo)")
@@ -92,7 +93,7 @@ def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> No
         scenario.add_row("engine stopped and restarted", "skipped (needs at least 2 engines)")
     b = report["scenario"].get("burst")
     if b:
-        scenario.add_row("burst", f"{b['requests']} concurrent requests in {b['seconds']} s")
+        scenario.add_row("burst", f"{count_of(b['requests'], 'concurrent requests')} in {b['seconds']} s")
     loads = report["adapter_loads"]
     if report["mode"] == "external":
         scenario.add_row("LoRA adapter loads", "skipped (no adapter is known on real engines)")

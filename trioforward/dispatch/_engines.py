@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from trioforward._engine_url import engine_url
+from trioforward._words import count_of
 from trioforward.dispatch._routing import stable_hash
 
 if TYPE_CHECKING:
@@ -262,9 +263,9 @@ class Registry:
             # ejected engine wait in QUEUED, they do not fail. (INFO, the
             # gateway's default level: the demo kills an engine on purpose.)
             log.info(
-                "engine %s ejected after %d consecutive failures; %d of %d engine(s) healthy",
+                "engine %s ejected after %s; %d of %d engine(s) healthy",
                 engine.url,
-                engine.consecutive_failures,
+                count_of(engine.consecutive_failures, "consecutive failures"),
                 sum(e.healthy for e in self.engines),
                 len(self.engines),
             )

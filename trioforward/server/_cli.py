@@ -20,6 +20,7 @@ import click
 import trio
 
 from trioforward import RENAMED_KNOBS, Knob, Settings, SettingsError, knobs
+from trioforward._words import count_of
 
 __all__ = ["serve", "load_settings", "explain_bad_settings"]
 
@@ -32,9 +33,36 @@ def _describe(knob: Knob) -> str:
         shown = "unset" if "unset" in knob.help or not knob.optional else "unlimited"
     else:
         shown = str(default)
-    numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-    unit = f" {knob.unit}" if knob.unit and numeric else ""
-    return f"{knob.help}  [default: {shown}{unit}; env {knob.env}]"
+    if knob.unit and isinstance(default, int) and not isinstance(default, bool):
+        shown = count_of(default, knob.unit)  # "1 retry", "4 retries"
+    elif knob.unit and knob.unit != "ratio" and isinstance(default, float):
+        shown = f"{default} {knob.unit}"
+    return f"{knob.help}  [default: {shown}; env {knob.env}]"
+
+
+# What a flag's value is, where the knob's unit does not say (click's default is TEXT).
+_METAVARS = {
+    "engines": "URL,...",
+    "api_keys": "KEY,...",
+    "adapters": "NAME=PATH,...",
+    "host": "ADDRESS",
+    "port": "PORT",
+    "routing": "POLICY",
+    "engine_kind": "KIND",
+    "log_level": "LEVEL",
+    "admin_token": "TOKEN",
+    "fleet_name": "NAME",
+}
+
+
+def _metavar(knob: Knob) -> str:
+    if knob.name in _METAVARS:
+        return _METAVARS[knob.name]
+    if knob.unit == "s":
+        return "SECONDS"
+    if knob.unit:  # "requests" -> REQUESTS, "retries/s" -> RETRIES_PER_SECOND
+        return knob.unit.upper().replace("/S", "_PER_SECOND").replace(" ", "_")
+    return {int: "INTEGER", float: "NUMBER"}.get(knob.kind, "TEXT")
 
 
 def _knob_options(func: Any) -> Any:
@@ -47,13 +75,8 @@ def _knob_options(func: Any) -> Any:
             flag = f"{knob.flag}/--no-{knob.flag[2:]}"
             option = click.option(flag, name, default=None, help=_describe(knob))
         else:
-            metavar = (
-                knob.unit.upper().replace(" ", "_").replace("/", "_PER_") if knob.unit else "TEXT"
-            )
-            if knob.kind in (tuple, dict):
-                metavar = "A,B,..." if knob.kind is tuple else "NAME=PATH,..."
             option = click.option(
-                knob.flag, name, default=None, metavar=metavar, help=_describe(knob)
+                knob.flag, name, default=None, metavar=_metavar(knob), help=_describe(knob)
             )
         func = option(func)
     return func

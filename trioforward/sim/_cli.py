@@ -27,18 +27,20 @@ _SECONDS = click.FloatRange(min=0)
 
 
 @click.command("sim-engine")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", type=click.IntRange(0, 65535), required=True, help="Port to bind (0 = any free port; printed).")
+@click.option("--host", default="127.0.0.1", show_default=True, metavar="ADDRESS", help="Address to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), required=True, metavar="PORT", help="Port to bind (0 = any free port; printed).")
 @click.option(
     "--capacity",
     type=click.IntRange(min=0),
     default=256,
     show_default=True,
+    metavar="REQUESTS",
     help="Requests run at once (vLLM max_num_seqs); 0 = unlimited.",
 )
 @click.option(
     "--prefill-ms-per-token",
     type=_SECONDS,
+    metavar="MS",
     default=0.0,
     show_default=True,
     help="Prefill time per prompt token (ms).",
@@ -46,6 +48,7 @@ _SECONDS = click.FloatRange(min=0)
 @click.option(
     "--decode-ms-per-token",
     type=_SECONDS,
+    metavar="MS",
     default=0.0,
     show_default=True,
     help="Time per decode step (ms); both 0 = instant.",
@@ -54,6 +57,7 @@ _SECONDS = click.FloatRange(min=0)
     "--model",
     "models",
     multiple=True,
+    metavar="NAME",
     help="Base model name (repeatable; default sim-base and sim-base-2).",
 )
 @click.option(
@@ -78,7 +82,7 @@ _SECONDS = click.FloatRange(min=0)
     help="Load a findable adapter by itself this long after its first request.",
 )
 @click.option(
-    "--keep-alive", type=_SECONDS, default=5.0, show_default=True, help="Idle keep-alive timeout (s)."
+    "--keep-alive", type=_SECONDS, default=5.0, show_default=True, metavar="SECONDS", help="Idle keep-alive timeout (s)."
 )
 @click.option(
     "--no-runtime-lora",
@@ -95,6 +99,7 @@ _SECONDS = click.FloatRange(min=0)
 @click.option(
     "--adapter-load-seconds",
     type=_SECONDS,
+    metavar="SECONDS",
     default=0.0,
     show_default=True,
     help="Time a load request takes (s).",
@@ -109,6 +114,7 @@ _SECONDS = click.FloatRange(min=0)
 @click.option(
     "--prefix-cache-tokens",
     type=click.IntRange(min=0),
+    metavar="TOKENS",
     default=0,
     show_default=True,
     help="Prefix cache capacity in tokens (vLLM automatic prefix caching, LRU); 0 = no cache.",
@@ -116,6 +122,7 @@ _SECONDS = click.FloatRange(min=0)
 @click.option(
     "--block-size",
     type=click.IntRange(min=1),
+    metavar="TOKENS",
     default=16,
     show_default=True,
     help="Prefix cache block size in tokens (vLLM --block-size).",
