@@ -44,3 +44,16 @@ async def test_counters_move(engine: Any, gateway: Gateway) -> None:
     assert after[("trioforward_pool_connections_opened_total", ())] >= 1
     assert after[("trioforward_engine_healthy", (("engine", engine.url),))] == 1
     assert after[("trioforward_dispatch_requests_total", ())] >= 3
+
+
+async def test_no_created_series(engine: Any, gateway: Gateway) -> None:
+    """prometheus-client's ``*_created`` samples are not served (docs/server.md,
+    "Metrics (`GET /metrics`)"); the counters and histograms they belong to are."""
+    body = {"model": "sim-base", "prompt": "x", "max_tokens": 2}
+    async with httpx.AsyncClient() as client:
+        assert (await client.post(gateway.url + "/v1/completions", json=body)).status_code == 200
+        samples = await scrape(client, gateway.url)
+    names = {name for name, _ in samples}
+    assert {"trioforward_gateway_requests_total", "trioforward_queue_wait_seconds_count",
+            "trioforward_engine_time_seconds_count"} <= names
+    assert not [name for name in names if name.endswith("_created")]

@@ -174,9 +174,34 @@ class Metrics:
             await trio.sleep(SYNC_INTERVAL)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition (content type :data:`CONTENT_TYPE_LATEST`)."""
+        """The Prometheus text exposition (content type :data:`CONTENT_TYPE_LATEST`),
+        without ``*_created`` series (:class:`_WithoutCreated`)."""
         self.sync()
-        return generate_latest(self._scrape)
+        return generate_latest(_WithoutCreated(self._scrape))
+
+
+class _WithoutCreated:
+    """``source``'s metrics without their ``<name>_created`` samples.
+
+    prometheus-client adds a ``_created`` gauge (the series' creation time) to each
+    child of a Counter or Histogram it keeps in this process, but not to the
+    series it sums from multiprocess files or reads from ``client.statistics()``:
+    ``/metrics`` had them for five metrics under ``trioforward serve`` and for none
+    under ``--workers N``. Prometheus needs no ``_created`` to compute rates, so
+    the gateway serves none, in every mode. This is per registry, unlike
+    prometheus-client's process-wide ``disable_created_metrics()``, which would
+    also change an embedding application's own metrics
+    (https://prometheus.github.io/client_python/instrumenting/#disabling-_created-metrics).
+    """
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._source.collect():
+            created = metric.name + "_created"
+            metric.samples = [s for s in metric.samples if s.name != created]
+            yield metric
 
 
 class _ClientCollector:
