@@ -106,6 +106,18 @@ def test_create_app_without_arguments_reads_config_file_and_environment(
     assert app.config["MAX_CONTENT_LENGTH"] == 1000
 
 
+@pytest.mark.parametrize("where", ["missing.toml", "."])
+def test_serve_names_an_unreadable_trioforward_config_file_and_exits_2(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / where
+    monkeypatch.setenv("TRIOFORWARD_CONFIG", str(path))
+    result = CliRunner().invoke(main, ["serve", "--engine", "http://127.0.0.1:8001"])
+    assert result.exit_code == 2, result.output
+    assert f"Error: $TRIOFORWARD_CONFIG {path}: " in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [

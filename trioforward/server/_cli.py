@@ -83,10 +83,15 @@ def _knob_options(func: Any) -> Any:
 
 
 def load_settings(
-    config_file: str | None, engine: tuple[str, ...], flags: dict[str, Any]
+    config_file: str | None,
+    engine: tuple[str, ...],
+    flags: dict[str, Any],
+    *,
+    config_from: str = "--config",
 ) -> Settings:
     """Settings from the file, environment and flags; ``--engine`` URLs are added to
-    ``--engines``. Raises :class:`click.UsageError` (exit status 2) naming the knob."""
+    ``--engines``. Raises :class:`click.UsageError` (exit status 2) naming the knob,
+    or the file (as ``config_from``, where it was named) if it cannot be read."""
     overrides = {k: v for k, v in flags.items() if v is not None}
     if engine:
         extra = tuple(e for part in engine for e in part.split(",") if e.strip())
@@ -94,8 +99,9 @@ def load_settings(
         overrides["engines"] = tuple(e for e in str(listed).split(",") if e.strip()) + extra
     try:
         return Settings.load(config_file=config_file, overrides=overrides)
-    except (SettingsError, tomllib.TOMLDecodeError, TypeError) as exc:
-        raise click.UsageError(explain_bad_settings(exc, f"--config {config_file}")) from None
+    except (SettingsError, tomllib.TOMLDecodeError, OSError, TypeError) as exc:
+        where = f"{config_from} {config_file}"
+        raise click.UsageError(explain_bad_settings(exc, where)) from None
 
 
 def explain_bad_settings(exc: Exception, config_file: str, *, flag: bool = True) -> str:
@@ -133,8 +139,9 @@ def explain_bad_settings(exc: Exception, config_file: str, *, flag: bool = True)
 def serve(engine: tuple[str, ...], config_file: str | None, **flags: Any) -> None:
     """Run the gateway under Hypercorn's trio worker until SIGTERM/SIGINT, then drain
     in-flight requests for --shutdown-grace seconds and exit 0."""
+    config_from = "--config" if config_file else "$TRIOFORWARD_CONFIG"
     config_file = config_file or os.environ.get("TRIOFORWARD_CONFIG") or None
-    settings = load_settings(config_file, engine, flags)
+    settings = load_settings(config_file, engine, flags, config_from=config_from)
     if settings.state_url is not None:
         try:
             import coredis  # noqa: F401  (the fleet's Redis client: docs/fleet.md)
