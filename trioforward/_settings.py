@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from trioforward._state_url import StateURLError, check_state_url, redact_url
+
 __all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES", "RENAMED_KNOBS"]
 
 ROUTING_POLICIES = ("least-outstanding", "round-robin", "session", "prefix")
@@ -360,32 +362,12 @@ def _validate(name: str, value: Any) -> None:
         raise SettingsError(name, value, "must be a string")
 
 
-STATE_URL_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (what logs and errors show)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unreadable URL>"
-
-
 def _validate_state_url(url: str) -> None:
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme not in STATE_URL_SCHEMES:
+    try:
+        check_state_url(url)
+    except StateURLError as exc:
         # The value is redacted: a state URL may carry a password.
-        raise SettingsError(
-            "state_url", redact_url(url), f"scheme must be one of {', '.join(STATE_URL_SCHEMES)}"
-        )
+        raise SettingsError("state_url", redact_url(url), exc.reason) from None
 
 
 def _validate_engine_url(url: str) -> None:

@@ -7,6 +7,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,15 @@ def sdk_loop() -> Iterator[None]:
 
     _internal_client_holder_thread_singleton.get_loop()
     yield
+
+
+@pytest.fixture
+def sentinel_valkey() -> Iterator[Any]:
+    """A primary, a replica and a Sentinel on 127.0.0.1 (see sentinel_testing)."""
+    from sentinel_testing import SentinelValkey
+
+    topology = SentinelValkey()
+    try:
+        yield topology
+    finally:
+        topology.close()

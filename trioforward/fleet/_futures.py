@@ -180,22 +180,31 @@ class SharedFutures:
             if event is not None:
                 event.set()
 
+    def recheck_all(self) -> None:
+        """Wake every held poll to read its result again: the completion channel was
+        just (re)subscribed, and a notice published while it was down is lost."""
+        waiters, self._waiters = self._waiters, {}
+        for event in waiters.values():
+            event.set()
+
     async def fetch(self, request_id: str, hold: float) -> tuple[str, bytes] | None:
         """The result of a future another member issued: ``(content_type, body)``,
         or ``None`` if it is still pending after ``hold`` seconds (HTTP 408).
         Raises :class:`FutureExpired` (410) or :class:`StateUnavailable` (503)."""
-        event = self._waiters.setdefault(request_id, trio.Event())
-        found = await self._read(request_id)
-        if found is None:
-            # Held until the result is published or its owner leaves the fleet
-            # (then the read below answers 410 at once, not after the hold).
-            with trio.move_on_after(hold):
+        deadline = trio.current_time() + hold
+        while True:
+            event = self._waiters.setdefault(request_id, trio.Event())
+            found = await self._read(request_id)
+            if found is not None or trio.current_time() >= deadline:
+                return found
+            # Held until a completion notice (or a re-subscription) says to read
+            # again, or its owner leaves the fleet (then the read answers 410 at
+            # once, not after the hold).
+            with trio.move_on_at(deadline):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._until_owner_left, _epoch(request_id), nursery.cancel_scope)
                     await event.wait()
                     nursery.cancel_scope.cancel()
-            found = await self._read(request_id)
-        return found
 
     async def _until_owner_left(self, epoch: str, scope: trio.CancelScope) -> None:
         while self._fleet.epoch_alive(epoch):

@@ -21,8 +21,10 @@ from typing import Any
 
 import orjson
 import trio
+from coredis.retry import NoRetryPolicy
 
-from trioforward._settings import Settings, redact_url
+from trioforward._settings import Settings
+from trioforward._state_url import redact_url
 from trioforward.fleet._control import ControlPlane
 from trioforward.fleet._futures import SharedFutures
 from trioforward.fleet._leases import CapacityLeases
@@ -215,12 +217,16 @@ class Fleet:
         return sum(r.outstanding for m, r in self.members.items() if m != self.member_id)
 
     async def listen(self) -> None:
-        """Follow the completion channel (one subscription) until cancelled; coredis
-        resubscribes by itself after a Redis outage."""
+        """Follow the completion and announce channels (one subscription) until
+        cancelled. When the subscription breaks (a Redis outage, a Sentinel
+        failover) it subscribes again a tick later and wakes every held poll to
+        read its result once more, since a notice published in between is lost."""
+        channels = [self.keys.done, self.keys.announce]
         while True:
             try:
-                channels = [self.keys.done, self.keys.announce]
-                async with self.redis.pubsub(channels=channels) as pubsub:
+                # No retry inside coredis (it backs off up to 16 s): this loop retries.
+                async with self.redis.pubsub(channels=channels, retry_policy=NoRetryPolicy()) as pubsub:
+                    self.futures.recheck_all()
                     async for message in pubsub:
                         if message["type"] != "message":
                             continue
@@ -228,8 +234,9 @@ class Fleet:
                             self.control.heard(int(message["data"]))
                         else:
                             self.futures.notice(message["data"])
-            except STATE_ERRORS:
-                await trio.sleep(self.settings.lease_interval)
+            except* STATE_ERRORS:  # coredis raises them inside exception groups
+                pass
+            await trio.sleep(self.settings.lease_interval)
 
     def _late(self, gap: float) -> None:
         # The others may have dropped this member from their splits meanwhile

@@ -13,9 +13,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import coredis
+from coredis.connection import TCPLocation
 from coredis.exceptions import RedisError
 
-__all__ = ["open_redis", "Keys", "STATE_ERRORS", "Redis"]
+from trioforward._state_url import parse_sentinel_url
+
+__all__ = ["open_redis", "open_sentinel_primary", "Keys", "STATE_ERRORS", "Redis"]
 
 Redis = coredis.Redis  # the client type the fleet modules are written against
 
@@ -24,6 +27,7 @@ Redis = coredis.Redis  # the client type the fleet modules are written against
 STATE_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
 
 _CLUSTER_SUFFIX = "+cluster"
+_SENTINEL_SCHEME = "redis+sentinel"
 
 
 @asynccontextmanager
@@ -32,10 +36,12 @@ async def open_redis(url: str, *, reply_timeout: float) -> AsyncIterator[Any]:
 
     ``redis://``, ``rediss://`` and ``unix://`` URLs go to ``coredis.Redis``;
     ``redis+cluster://`` and ``rediss+cluster://`` to ``coredis.RedisCluster``
-    (startup node in the URL). ``reply_timeout`` (s) bounds each connect and each
-    reply, so an unreachable server costs a bounded wait, never a hang. The
-    client retries nothing itself: the fleet's loops retry on their next tick.
-    Connecting is lazy: an unreachable server raises on the first command.
+    (startup node in the URL); ``redis+sentinel://`` to the primary of its
+    service through ``coredis.Sentinel`` (see :func:`open_sentinel_primary`).
+    ``reply_timeout`` (s) bounds each connect and each reply, so an
+    unreachable server costs a bounded wait, never a hang. The client retries
+    nothing itself: the fleet's loops retry on their next tick. Connecting is
+    lazy: an unreachable server raises on the first command.
     """
     options: dict[str, Any] = {
         "connect_timeout": reply_timeout,
@@ -44,6 +50,10 @@ async def open_redis(url: str, *, reply_timeout: float) -> AsyncIterator[Any]:
         "decode_responses": False,
     }
     scheme, rest = url.split("://", 1)
+    if scheme.lower() == _SENTINEL_SCHEME:
+        async with open_sentinel_primary(url, reply_timeout=reply_timeout) as primary:
+            yield primary
+        return
     if scheme.endswith(_CLUSTER_SUFFIX):
         base = scheme[: -len(_CLUSTER_SUFFIX)]
         client: Any = coredis.RedisCluster.from_url(f"{base}://{rest}", **options)
@@ -51,6 +61,37 @@ async def open_redis(url: str, *, reply_timeout: float) -> AsyncIterator[Any]:
         client = coredis.Redis.from_url(url, **options)
     async with client:
         yield client
+
+
+@asynccontextmanager
+async def open_sentinel_primary(url: str, *, reply_timeout: float) -> AsyncIterator[Any]:
+    """The primary of a ``redis+sentinel://`` URL's service, as a ``coredis.Redis``
+    whose pool asks the Sentinel daemons where the primary is each time it opens a
+    connection (``coredis.Sentinel.primary_for``; each new connection checks the
+    server's ``ROLE`` is ``master``). After a failover the old connections fail,
+    the fleet's tick reports an outage, and the next connection goes to the
+    promoted replica: the member recovers like after any Redis outage.
+
+    The URL's credentials and ``db`` are the data nodes'; the Sentinel daemons
+    are asked without credentials, each ask bounded by ``reply_timeout`` (s).
+    Raises ``StateURLError`` (a ``ValueError``) for a malformed URL.
+    """
+    target = parse_sentinel_url(url)
+    sentinel = coredis.Sentinel(
+        [TCPLocation(host, port) for host, port in target.sentinels],
+        sentinel_kwargs={"connect_timeout": reply_timeout, "stream_timeout": reply_timeout},
+        retry_policy=coredis.retry.NoRetryPolicy(),
+        decode_responses=False,
+        username=target.username,
+        password=target.password,
+        db=target.db,
+        connect_timeout=reply_timeout,
+        stream_timeout=reply_timeout,
+    )
+    async with sentinel:
+        primary = sentinel.primary_for(target.service_name)
+        async with primary:
+            yield primary
 
 
 class Keys:
