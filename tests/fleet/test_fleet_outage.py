@@ -12,6 +12,7 @@ import httpx
 import orjson
 import pytest
 import trio
+from fleet_testing import open_members, until_members
 from gateway_harness import generation_requests, open_gateway, open_sim
 
 PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]}
@@ -76,3 +77,26 @@ async def test_redis_stopped_and_restarted(
         outage_lines = [r for r in caplog.records if "unreachable" in r.getMessage()]
         assert len(outage_lines) == 1  # one line per outage, not one per tick
         assert any("reachable again" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_redis_that_lost_the_control_state_does_not_make_the_next_change_a_no_op(
+    valkey: Any, fleet_name: str, fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Valkey restarted without persistence: the control version starts again from 0.
+    # A member must not take the next change (version 1 again) as one it applied.
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        a, b = await open_members(engine.url, valkey, fleet_name, stack)
+        with trio.fail_after(30):
+            await until_members([a, b], 2)
+        await a.state.fleet.control.pause(None, "wait")
+        assert await b.state.fleet.control.resume(None) == 2
+        valkey.stop()
+        valkey.start()
+        with trio.fail_after(30):
+            while a.state.fleet.control.applied_version or b.state.fleet.control.applied_version:
+                await a.state.fleet.wait_tick()
+            assert await b.state.fleet.control.pause(None, "wait") == 1
+        assert all(e.paused for gw in (a, b) for e in gw.state.client.engines.list())
+        await a.state.fleet.control.resume(None)
+        assert not any(e.paused for gw in (a, b) for e in gw.state.client.engines.list())
+    assert any("version went back from 2 to 0" in r.getMessage() for r in caplog.records)

@@ -168,8 +168,9 @@ class ControlPlane:
     # -- applying (every member) ----------------------------------------------------
 
     def heard(self, version: int) -> None:
-        """A version was announced or seen in a heartbeat: apply it if newer."""
-        if version > self._wanted:
+        """A version was announced or seen in a heartbeat (0: no version stored):
+        apply it if newer, or if older than the one applied (see :meth:`apply_current`)."""
+        if version > self._wanted or version < self.applied_version:
             self._wanted = version
             self._wake.set()
 
@@ -185,7 +186,13 @@ class ControlPlane:
                 await self._fleet.wait_tick()
 
     async def apply_current(self) -> None:
-        """Read the whole control state and apply what changed since last time."""
+        """Read the whole control state and apply what changed since last time.
+
+        A stored version lower than the one applied means Redis lost the latest
+        changes (a restart without persistence, a failover that lost the last
+        writes): the member logs it and applies the state as Redis has it now, so
+        every member and every joiner agree again and the next change (numbered
+        from the stored version) is applied, not taken as already seen."""
         keys = self._keys
         async with self._fleet.redis.pipeline(transaction=False) as pipe:
             version_reply = pipe.get(keys.control("version"))
@@ -195,8 +202,14 @@ class ControlPlane:
             weights_reply = pipe.get(keys.control("weight_version"))
         raw_version = await version_reply
         version = int(raw_version) if raw_version is not None else 0
-        if version <= self.applied_version and self.applied_version:
+        if version == self.applied_version and version:
             return
+        if version < self.applied_version:
+            log.warning(
+                "fleet %s: control-plane version went back from %d to %d (the shared state "
+                "lost changes); applying the state it holds now",
+                self._fleet.settings.fleet_name, self.applied_version, version,
+            )
         paused = _text(await paused_reply)
         engines = _text(await engines_reply)
         adapters = _text(await adapters_reply)
@@ -205,7 +218,7 @@ class ControlPlane:
             text = weight_version.decode() if isinstance(weight_version, bytes) else weight_version
             self._client.weights.record_version(str(text))
         await self._apply(paused, engines, adapters)
-        self.applied_version = max(self.applied_version, version)
+        self.applied_version = version
         self._applied_event.set()
         self._applied_event = trio.Event()
 

@@ -143,8 +143,7 @@ class Fleet:
             records_reply = pipe.mget([keys.member(m) for m in others]) if others else None
         self._known = {m.decode() for m in await members_reply}
         version = await version_reply
-        if version is not None:
-            self.control.heard(int(version))
+        self.control.heard(int(version) if version is not None else 0)
         raw = list(await records_reply) if records_reply is not None else []
         records = {self.member_id: self._own_record()}
         self._gone = set()
