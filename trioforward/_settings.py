@@ -102,7 +102,7 @@ class Settings:
     max_retained_futures: int = _knob(262144, "results kept at most; oldest delivered evicted first (410)", "futures", "tinker")
 
     # --- fleet mode (docs/fleet.md) -------------------------------------------
-    state_url: str | None = _knob(None, "Redis/Valkey URL shared by the fleet (redis://, rediss://, unix://, redis+cluster://); unset = no fleet", "URL", "fleet", repr=False)
+    state_url: str | None = _knob(None, "Redis/Valkey URL shared by the fleet: redis://, rediss://, unix://, redis+cluster://HOST:PORT, redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]; unset = no fleet", "URL", "fleet", repr=False)
     fleet_name: str = _knob("trioforward", "processes naming the same state_url and fleet_name are one fleet", "", "fleet")
     workers: int = _knob(1, "worker processes on this box, one listening socket; > 1 without state_url starts a private Valkey", "processes", "fleet")
     lease_interval: float = _knob(0.1, "how often each member publishes its demand and re-splits engine capacity", "s", "fleet")

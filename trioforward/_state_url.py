@@ -1,4 +1,4 @@
-"""The forms ``state_url`` takes (docs/fleet.md, "Redis"), checked without importing a
+"""The forms ``state_url`` takes (docs/fleet.md, "Topologies"), checked without importing a
 Redis client, and the one way a URL is shown in logs and errors (password hidden).
 
 - ``redis://``, ``rediss://``, ``unix://``: one server (coredis ``Redis.from_url``);

@@ -1,4 +1,4 @@
-"""A fleet through Redis Sentinel (docs/fleet.md, "Redis"): the ``redis+sentinel://``
+"""A fleet through Redis Sentinel (docs/fleet.md, "Topologies"): the ``redis+sentinel://``
 form of ``state_url``, checked without a Redis client and never echoing a password,
 and two members on a real Sentinel-managed Valkey that keep working as one fleet
 across a failover."""
