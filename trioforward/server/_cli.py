@@ -171,13 +171,23 @@ def run(settings: Settings, *, bind: str | None = None) -> None:
     bind, default ``host:port``; a worker of ``--workers N`` gets ``fd://N``)."""
     _configure_logging(settings, with_pid=bind is not None)
     from trioforward.server._app import create_app
-    from trioforward.server._serve import raise_open_files_limit, tune_gc
+    from trioforward.server._serve import listen, raise_open_files_limit, tune_gc
     from trioforward.server._serve import serve as serve_app
 
+    log = logging.getLogger("trioforward.server")
+    if bind is None:
+        # Before anything starts: a taken port is one line, as under --workers N.
+        try:
+            listener = listen(settings)
+        except OSError as error:
+            log.error(
+                "cannot listen on %s:%d: %s", settings.host, settings.port, error.strerror or error
+            )
+            raise SystemExit(1) from None
+        bind = f"fd://{listener.detach()}"  # Hypercorn's from here on: it closes it
     nofile = raise_open_files_limit()
     app = create_app(settings)
     tune_gc()
-    log = logging.getLogger("trioforward.server")
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

@@ -18,6 +18,7 @@ import gc
 import logging
 import resource
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,7 +30,9 @@ from trioforward import Settings
 from trioforward.server import _gc
 from trioforward.server._worker import worker_serve
 
-__all__ = ["hypercorn_config", "serve", "somaxconn", "raise_open_files_limit", "tune_gc"]
+__all__ = [
+    "hypercorn_config", "serve", "listen", "somaxconn", "raise_open_files_limit", "tune_gc",
+]
 
 log = logging.getLogger("trioforward.server")
 
@@ -110,6 +113,24 @@ def hypercorn_config(settings: Settings, *, bind: str | None = None) -> Config:
     config.loglevel = settings.log_level.upper()
     config.include_server_header = False
     return config
+
+
+def listen(settings: Settings) -> socket.socket:
+    """A listening TCP socket on ``settings.host:port`` (IPv6 when the host has a
+    ``:``), with :func:`hypercorn_config`'s backlog, inheritable by worker processes.
+    Hypercorn serves it as ``bind=f"fd://{sock.detach()}"``. Raises ``OSError``
+    (a taken port, an address not on this machine)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((settings.host, settings.port))
+        sock.listen(hypercorn_config(settings).backlog)
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def _signalled() -> None:

@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from prometheus_client import multiprocess
 
 from trioforward._settings import Settings, coerce
 from trioforward.server._metrics import MULTIPROC_ENV
+from trioforward.server._serve import listen
 
 __all__ = ["supervise", "run_worker", "SETTINGS_ENV", "FD_ENV"]
 
@@ -63,7 +63,7 @@ def supervise(settings: Settings) -> int:
         print(MISSING_EXTRA.format(n=settings.workers), file=sys.stderr)
         return 2
     try:
-        listener = _listen(settings)
+        listener = listen(settings)
     except OSError as error:  # a taken port, a host not on this machine: say which
         log.error(
             "cannot listen on %s:%d: %s", settings.host, settings.port, error.strerror or error
@@ -118,18 +118,6 @@ def _state(settings: Settings, private: Path) -> Iterator[str]:
         yield f"unix://{sock}"
     finally:
         server.stop()
-
-
-def _listen(settings: Settings) -> socket.socket:
-    from trioforward.server._serve import hypercorn_config
-
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.port))
-    sock.listen(hypercorn_config(settings).backlog)
-    sock.set_inheritable(True)
-    return sock
 
 
 async def _supervise(settings: Settings, env: dict[str, str], fd: int) -> None:
