@@ -154,8 +154,8 @@ def test_serve_accepts_the_deprecated_flag(monkeypatch: pytest.MonkeyPatch) -> N
     seen: list[int] = []
     load = _cli.load_settings
 
-    def load_then_stop(config_file: Any, engine: Any, flags: dict[str, Any]) -> Settings:
-        seen.append(load(config_file, engine, flags).max_outstanding)
+    def load_then_stop(config_file: Any, engine: Any, flags: dict[str, Any], **kw: Any) -> Settings:
+        seen.append(load(config_file, engine, flags, **kw).max_outstanding)
         raise SystemExit(0)
 
     monkeypatch.setattr(_cli, "load_settings", load_then_stop)
