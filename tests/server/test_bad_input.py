@@ -145,6 +145,46 @@ async def test_admin_calls_missing_their_key_say_so_with_400(engine: Any, gatewa
     assert [e["url"] for e in listed.json()["engines"]] == [engine.url]
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("POST", "/admin/pause", {"engine-mode": "abort"}, "engine-mode"),
+        ("POST", "/admin/pause", {"modee": "abort"}, "modee"),
+        ("POST", "/admin/resume", {"version": "step-1"}, "version"),
+        ("POST", "/admin/engines", {"url": "http://127.0.0.1:9", "capacity": 4}, "capacity"),
+        ("DELETE", "/admin/engines", {"url": "http://127.0.0.1:9", "force": True}, "force"),
+        ("POST", "/admin/adapters", {"name": "a", "path": "/a", "base_model": "b"}, "base_model"),
+        ("DELETE", "/admin/adapters", {"name": "a", "path": "/a"}, "path"),
+    ],
+)
+async def test_admin_calls_refuse_a_field_they_do_not_take(
+    method: str, path: str, body: dict[str, Any], field: str, engine: Any, gateway: Gateway
+) -> None:
+    """A misspelt field was ignored: ``{"engine-mode": "abort"}`` paused the gateway
+    only, and the trainer pushed weights to engines that were still running."""
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        response = await client.request(method, path, json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == field and f"unknown field {field!r}" in error["message"], error
+        engines = (await client.get("/admin/engines")).json()["engines"]
+        adapters = (await client.get("/admin/adapters")).json()["adapters"]
+        body = {"model": "sim-base", "prompt": "x", "max_tokens": 1}
+        answer = await client.post("/v1/completions", json=body)
+    assert [(e["url"], e["paused"]) for e in engines] == [(engine.url, False)]
+    assert adapters == [] and engine.stats.by_path.get("/pause", 0) == 0
+    assert answer.status_code == 200 and "x-weight-version" not in answer.headers
+
+
+async def test_resume_with_a_weight_version_that_is_not_a_string_says_so(
+    engine: Any, gateway: Gateway
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        response = await client.post("/admin/resume", json={"weight_version": 5})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "'weight_version' must be a string or null"
+
+
 async def test_re_registering_an_adapter_without_a_parent_clears_it(
     engine: Any, gateway: Gateway
 ) -> None:

@@ -19,6 +19,7 @@ Admin API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
 - ``GET/POST/DELETE /admin/adapters``: ``{"name", "path", "parent"?}`` registers a
   LoRA adapter the gateway loads on demand.
 
+A body field a call does not take is a 400 naming it (the call does nothing).
 Engine URLs come only from here and from the configuration, never from a
 client request. In fleet mode (docs/fleet.md, "Control plane") every change is
 made fleet-wide and answers once all live members applied it (503
@@ -51,8 +52,16 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status=status, content_type="application/json")
 
 
-async def _body() -> dict[str, Any]:
-    return parse_body(await request.get_data(as_text=False), allow_empty=True)
+async def _body(*fields: str) -> dict[str, Any]:
+    """The JSON object body (empty = ``{}``) holding only ``fields``: a misspelt
+    field is a 400 naming it, not a call that silently did the default (a pause
+    with ``"engine-mode"`` would not pause the engines)."""
+    data = parse_body(await request.get_data(as_text=False), allow_empty=True)
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        known = ", ".join(repr(f) for f in fields)
+        raise bad_request(f"unknown field {unknown[0]!r} (this call takes {known})", unknown[0])
+    return data
 
 
 def _engine_list(data: dict[str, Any]) -> list[str] | None:
@@ -247,7 +256,7 @@ def install_routes(app: QuartTrio) -> None:
     @app.post("/admin/engines")
     async def add_engine() -> Response:
         state = get_state()
-        url = _url((await _body()).get("url"))
+        url = _url((await _body("url")).get("url"))
         # Idempotent, as PUT would be: re-adding a registered engine is 200 with
         # the list unchanged; 201 only when this call created the record.
         known = url in {e.url for e in state.client.engines.list()}
@@ -260,7 +269,7 @@ def install_routes(app: QuartTrio) -> None:
     @app.delete("/admin/engines")
     async def remove_engine() -> Response:
         state = get_state()
-        url = _url(request.args.get("url") or (await _body()).get("url"))
+        url = _url(request.args.get("url") or (await _body("url")).get("url"))
         if url not in {e.url for e in state.client.engines.list()}:
             raise RequestError(404, f"no engine {url}", code="engine_not_found", param="url")
         if state.fleet is not None:
@@ -272,7 +281,7 @@ def install_routes(app: QuartTrio) -> None:
     @app.post("/admin/pause")
     async def pause() -> Response:
         state = get_state()
-        data = await _body()
+        data = await _body("engines", "mode", "engine_mode", "replay")
         mode = data.get("mode", "wait")
         if mode not in ("wait", "abort"):
             raise bad_request('\'mode\' must be "wait" or "abort"', "mode")
@@ -299,8 +308,10 @@ def install_routes(app: QuartTrio) -> None:
     @app.post("/admin/resume")
     async def resume() -> Response:
         state = get_state()
-        data = await _body()
+        data = await _body("engines", "weight_version")
         version = data.get("weight_version")
+        if version is not None and not isinstance(version, str):
+            raise bad_request("'weight_version' must be a string or null", "weight_version")
         if version is not None and not _good_version(version):
             raise bad_request(
                 "'weight_version' must be printable ASCII of 1..128 characters",
@@ -343,7 +354,7 @@ def install_routes(app: QuartTrio) -> None:
     @app.post("/admin/adapters")
     async def register_adapter() -> Response:
         state = get_state()
-        data = await _body()
+        data = await _body("name", "path", "parent")
         name, path, parent = data.get("name"), data.get("path"), data.get("parent")
         if not isinstance(name, str) or not name:
             raise bad_request("'name' must be a non-empty string", "name")
@@ -361,7 +372,7 @@ def install_routes(app: QuartTrio) -> None:
     @app.delete("/admin/adapters")
     async def unregister_adapter() -> Response:
         state = get_state()
-        name = request.args.get("name") or (await _body()).get("name")
+        name = request.args.get("name") or (await _body("name")).get("name")
         if not isinstance(name, str) or not name:
             raise bad_request("'name' must be a non-empty string", "name")
         if name not in state.client.adapters.list():
