@@ -42,7 +42,8 @@ For each GRPO batch the JSON also has its wall, each engine's busy time and
 ``placement_bound_s``, the busiest engine's busy time over its slots: the
 batch's wall if that placement ran with no idle slot and no overhead (the
 rest is the client's, gateway's and engines' CPU, and slots idle at the tail);
-the table's ``floor s`` is their sum over the batches.
+the table's ``floor s`` is their sum over the batches. ``router CPU s``: the
+CPU time the gateway (or smg) process used during the workload.
 
 ``prefix:1.5`` is ``prefix`` with ``prefix_load_factor = 1.5`` (the default is
 1.25): the knob's trade between cache reuse and balance. Each engine's
@@ -111,6 +112,16 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system, all threads) process ``pid`` has used, in
+    seconds (``/proc/<pid>/stat`` fields 14 and 15; 0.0 where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
@@ -415,7 +426,9 @@ def run(args: Any) -> dict[str, Any]:
                 continue
             try:
                 for name in args.workloads:
+                    cpu = _cpu_s(proc.pid)
                     row = asyncio.run(_workload(name, target, url, engines, args))
+                    row["router_cpu_s"] = round(_cpu_s(proc.pid) - cpu, 3)
                     print(json.dumps(row), file=sys.stderr, flush=True)
                     rows.append(row)
             finally:
@@ -472,9 +485,9 @@ def format_table(report: dict[str, Any]) -> str:
 
     lines = [
         "| workload | router | errors | computed | cached | cached share | vs session | wall s "
-        "| vs least-outst. | work vs least-outst. | floor s | p50 ms | p99 ms | requests per engine "
+        "| vs least-outst. | work vs least-outst. | floor s | router CPU s | p50 ms | p99 ms | requests per engine "
         "| busy s per engine | peak engine load | bound |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for r in report["results"]:
         ratio = ratios.get((r["workload"], r["target"]), {})
@@ -486,6 +499,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{fmt(ratio.get('cached_share_vs_session'), '.2f')} | {fmt(r['wall_s'], '.2f')} | "
             f"{fmt(ratio.get('wall_vs_least_outstanding'), '.2f')} | "
             f"{fmt(ratio.get('work_vs_least_outstanding'), '.2f')} | {fmt(floor, '.2f')} | "
+            f"{fmt(r.get('router_cpu_s'), '.2f')} | "
             f"{fmt(r['p50_ms'], '.0f')} | "
             f"{fmt(r['p99_ms'], '.0f')} | {' '.join(map(str, r['requests_per_engine']))} | "
             f"{' '.join(format(b, '.1f') for b in r.get('busy_s_per_engine', []))} | "
