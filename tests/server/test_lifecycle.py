@@ -199,3 +199,13 @@ def test_serve_on_a_taken_port_exits_1_saying_so_before_starting() -> None:
     assert out.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr, out.stderr
     assert "gateway serving" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+async def test_startup_without_engines_warns_that_every_request_will_be_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="trioforward.server")
+    async with open_gateway():
+        pass
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(m.startswith("no engine registered: every request answers 503") for m in warnings)

@@ -163,7 +163,13 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
             raise
         # Registered engines: the settings may name one twice (http://h:1 and http://h:1/).
         state: GatewayState = app.extensions[STATE_KEY]
-        log.info("gateway serving %d engine(s)", len(state.client.engines.list()))
+        count = len(state.client.engines.list())
+        log.info("gateway serving %d engine(s)", count)
+        if count == 0:
+            log.warning(
+                "no engine registered: every request answers 503 no_engine_available until "
+                "one is given (--engine URL, or POST /admin/engines)"
+            )
 
     @app.after_serving
     async def _shutdown() -> None:
