@@ -9,7 +9,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from trioforward._settings import knobs
+from trioforward._settings import Settings, knobs
 from trioforward.cli import main
 from trioforward.server._cli import load_settings
 
@@ -104,6 +104,22 @@ def test_create_app_without_arguments_reads_config_file_and_environment(
     assert settings.engines == ("http://127.0.0.1:9001",)
     assert settings.engine_capacity == 32
     assert app.config["MAX_CONTENT_LENGTH"] == 1000
+
+
+def test_create_app_without_arguments_warns_that_the_workers_knob_is_ignored(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under the hypercorn command (docs/server.md) TRIOFORWARD_WORKERS=2 did nothing, silently."""
+    from trioforward.server import create_app
+
+    caplog.set_level("WARNING", logger="trioforward.server")
+    monkeypatch.setenv("TRIOFORWARD_WORKERS", "2")
+    create_app()
+    [record] = [r for r in caplog.records if r.name == "trioforward.server"]
+    assert record.getMessage().startswith("workers = 2 is ignored here"), record.getMessage()
+    caplog.clear()
+    create_app(Settings(workers=2))  # trioforward serve's own supervisor passes them
+    assert not [r for r in caplog.records if r.name == "trioforward.server"]
 
 
 @pytest.mark.parametrize("where", ["missing.toml", "."])

@@ -58,9 +58,17 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     "Under the hypercorn command"). The app serves once started by an ASGI server
     with the trio worker.
     """
+    from_environment = settings is None
     if settings is None:
         settings = _settings_from_environment()
     _configure_logging(settings)
+    if from_environment and settings.workers > 1:
+        log.warning(
+            "workers = %d is ignored here: it is `trioforward serve`'s own supervisor; "
+            "Hypercorn's --workers N starts N separate gateways "
+            '(docs/server.md, "Under the hypercorn command")',
+            settings.workers,
+        )
 
     app = QuartTrio("trioforward.server")
     # docs/server.md, "Hypercorn and Quart settings the gateway makes": a burst gateway must not cut long generations or big batches.
