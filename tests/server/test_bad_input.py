@@ -32,6 +32,7 @@ def test_serve_rejects_a_bad_engine_url_with_exit_2(url: str) -> None:
     result = CliRunner().invoke(main, ["serve", "--engine", url])
     assert result.exit_code == 2, result.output
     assert "setting 'engines': " in result.output and url in result.output
+    assert "(--engine / --engines / TRIOFORWARD_ENGINES)" in result.output, result.output
 
 
 def test_a_zero_body_limit_is_rejected() -> None:

@@ -112,7 +112,8 @@ def explain_bad_settings(exc: Exception, config_file: str, *, flag: bool = True)
         knob = next((k for k in knobs() if k.name == exc.knob), None)
         if knob is None:
             return str(exc)
-        return f"{exc} ({knob.flag} / {knob.env})" if flag else f"{exc} ({knob.env})"
+        flags = "--engine / --engines" if knob.name == "engines" else knob.flag
+        return f"{exc} ({flags} / {knob.env})" if flag else f"{exc} ({knob.env})"
     if isinstance(exc, tomllib.TOMLDecodeError):
         return f"{config_file}: not valid TOML: {exc}"
     if isinstance(exc, OSError):
