@@ -172,6 +172,30 @@ def test_bound_holds_under_a_hot_prefix() -> None:
     assert placed[first] >= 200 / 4
 
 
+def test_copies_over_the_bound_spill_to_one_engine() -> None:
+    # A GRPO group's copies that find their engine at the bound go to the next
+    # engine in the prompt's order, all of them while it has room, so only one
+    # more engine prefills the prompt (not the least loaded, which alternates).
+    engines = _engines(4)
+    key = prefix_key(_body(list(range(2000, 2100))), 256)
+    assert key is not None
+    order = sorted(engines, key=lambda e: rendezvous_score(key.anchor, e.seed), reverse=True)
+    for table_size in (100, 0):
+        router = PrefixRouter(1.25, table_size=table_size)
+        order[0].outstanding = 10
+        for e in order[1:]:
+            e.outstanding = 5
+        placed = []
+        for _ in range(6):
+            e = router.pick(engines, key, None)
+            assert e is not None
+            e.outstanding += 1
+            placed.append(e)
+        # ceil(1.25 * (m + 1) / 4) lets order[1] grow from 5 to 10 (m = 25..29);
+        # then the next in order, though order[3] is as loaded.
+        assert placed == [order[1]] * 5 + [order[2]]
+
+
 def test_removal_and_addition_move_only_that_engines_prefixes() -> None:
     engines = _engines(5)
     router = PrefixRouter(1.25, table_size=0)
