@@ -109,10 +109,12 @@ async def test_abort_without_replay_fails_callers_and_never_hands_out_the_partia
 
 
 async def test_abort_replays_what_the_engine_did_not_end(
-    fd_baseline: int, autojump_clock: trio.testing.MockClock
+    fd_baseline: int, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # An engine that ignores the abort (vLLM 0.32 was seen to finish such
-    # requests): the gateway closes them itself and replays them.
+    # Requests the engine's abort pause leaves open (an engine without the pause
+    # endpoints here; vLLM 0.32 holds a request that reached it after the pause and
+    # runs it after /resume): the gateway closes them itself and replays them.
+    caplog.set_level(logging.INFO, logger="trioforward.dispatch")
     async with (
         open_engine(decode_ms_per_token=100, kind="none") as engine,
         client_for(engine) as client,
@@ -127,6 +129,43 @@ async def test_abort_replays_what_the_engine_did_not_end(
             await client.resume(weight_version="v9")
         assert [r.weight_version for r in results] == ["v9", "v9"]
         assert all(r.json()["choices"][0]["finish_reason"] == "length" for r in results)
+        assert [r.attempts for r in results] == [2, 2]
+    closed = [r.getMessage() for r in caplog.records if "still open after" in r.getMessage()]
+    assert closed == [
+        f"engine {engine.url}: 2 request(s) still open after its abort pause (not ended by"
+        " the engine, or its answer not read yet): closed, replayed after resume"
+    ]
+
+
+async def test_abort_replays_a_request_the_engine_held_instead_of_ending(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # vLLM 0.32's abort pause ends what its scheduler holds; a request that reaches
+    # it after the pause is held and runs after /resume, whole, on the new weights
+    # (measured: docs/operations.md, "What vLLM 0.32 does under an abort pause").
+    # Its answer would name both versions: the gateway closes it and replays it.
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        await engine.rl.pause("abort")  # the engine took a pause before ours reached it
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, results)
+            await engine.stats.wait_for(lambda s: s.held == 1)
+            await client.pause(engine_mode="abort", replay=True)
+            # The engine ended nothing (the request was held, not running); the
+            # gateway closed it: the engine sees the client leave.
+            await engine.stats.wait_for(lambda s: s.aborted == 1 and s.held == 0)
+            assert engine.stats.pause_aborted == 0 and client.statistics().queued == 1
+            await client.resume(weight_version="v2")
+        [r] = results
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "length"
+        assert choice["token_ids"] == expected_tokens("sim-base", PROMPT, 3, 0, 10)
+        assert r.weight_version == "v2" and r.attempts == 2
+        assert engine.stats.completed_by_version == {"v2": 1} and engine.stats.completed_mixed == 0
+        assert engine.stats.by_path[COMPLETION] == 2
 
 
 async def test_wait_returns_once_the_engines_drained(

@@ -8,19 +8,21 @@ and the answer names the weight version(s) that produced it.
 
 from __future__ import annotations
 
+import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
-import pytest
 from conftest import Server
+from prometheus_client.parser import text_string_to_metric_families
 from vllm_probes import MODEL
 
-# N requests of 240 tokens. The keep test asks SEQS sequences each (128 sequences keep
-# the engine busy for seconds on 2 cores, so the pause lands while they run); the
-# abort test one each.
+# N requests of SEQS sequences of 240 tokens (max_model_len 256 minus the 2-token
+# prompt: the longest a sequence can be). 128 sequences keep the engine busy for
+# seconds on 2 cores, so a pause sent once the gateway has them on the engine lands
+# while they run. (16 single sequences finish in ~0.5 s: sooner than a client's
+# thread pool gets them all out and an /admin/engines poll back.)
 N, SEQS, MAX_TOKENS = 16, 8, 240
-
 
 BODY = {
     "model": MODEL,
@@ -28,64 +30,123 @@ BODY = {
     "max_tokens": MAX_TOKENS,
     "ignore_eos": True,
     "return_token_ids": True,
+    "n": SEQS,
 }
+ACCESS = re.compile(r"POST /v1/completions (\d+) .* attempts=(\d+) .*?(?: version=(\S+))?$")
 
 
-def _dispatched(gateway: Server, engine: Server) -> int:
+def _dispatched(admin: httpx.Client, gateway: Server, engine: Server) -> int:
     """Requests the gateway has on ``engine`` now (its own count, never stale)."""
-    engines = httpx.get(gateway.url + "/admin/engines", timeout=10).json()["engines"]
+    engines = admin.get(gateway.url + "/admin/engines").json()["engines"]
     return sum(e["in_flight"] for e in engines if e["url"] == engine.url)
 
 
+def _finished(engine: Server) -> dict[str, float]:
+    """vLLM's ``vllm:request_success_total`` by ``finished_reason``: one per
+    sequence the engine ended (a client hang-up is not counted)."""
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "vllm:request_success_total":
+                reason = s.labels["finished_reason"]
+                counts[reason] = counts.get(reason, 0.0) + s.value
+    return counts
+
+
+def _access(gateway: Server) -> list[tuple[int, int, str | None]]:
+    """``(status, attempts, version)`` of every completion in the gateway's access log."""
+    lines = (ACCESS.search(line) for line in gateway.log_text().splitlines())
+    return [(int(m[1]), int(m[2]), m[3]) for m in lines if m]
+
+
+def _wait_until_on_engine(
+    admin: httpx.Client, gateway: Server, engine: Server, futures: list[Future[httpx.Response]]
+) -> None:
+    # By the gateway's own count: vLLM's running gauge is only refreshed by engine
+    # steps, so an idle engine can still show the last request of an earlier test.
+    while _dispatched(admin, gateway, engine) < 1:
+        assert not all(f.done() for f in futures), (
+            "every request finished before the gateway was seen with one on the engine:"
+            " the workload is too short for this machine"
+        )
+        time.sleep(0.02)
+
+
 def _update(
-    gateway: Server, engine: Server, pause: dict[str, object], version: str, seqs: int = 1
+    gateway: Server, engine: Server, pause: dict[str, object], version: str
 ) -> list[httpx.Response]:
-    with ThreadPoolExecutor(N) as pool, httpx.Client(timeout=300) as client:
+    # The admin client is made before the load: one connection, no set-up per poll.
+    with (
+        ThreadPoolExecutor(N) as pool,
+        httpx.Client(timeout=300) as client,
+        httpx.Client(timeout=60) as admin,
+    ):
         url = gateway.url + "/v1/completions"
-        futures = [pool.submit(client.post, url, json={**BODY, "n": seqs}) for _ in range(N)]
-        # Pause once requests are on the engine, by the gateway's own count: vLLM's
-        # running gauge is only refreshed by engine steps, so an idle engine can
-        # still show the last request of an earlier test.
-        deadline = time.monotonic() + 120
-        while _dispatched(gateway, engine) < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with httpx.Client(timeout=300) as admin:
-            paused = admin.post(gateway.url + "/admin/pause", json=pause)
-            assert paused.status_code == 200, paused.text
-            assert paused.json()["engine_pauses"][engine.url]["kind"] == "vllm"
-            assert httpx.get(engine.url + "/is_paused", timeout=10).json() == {"is_paused": True}
-            time.sleep(2.0)  # the weight update
-            resumed = admin.post(gateway.url + "/admin/resume", json={"weight_version": version})
-            assert resumed.status_code == 200, resumed.text
+        futures = [pool.submit(client.post, url, json=BODY) for _ in range(N)]
+        _wait_until_on_engine(admin, gateway, engine, futures)
+        paused = admin.post(gateway.url + "/admin/pause", json=pause)
+        assert paused.status_code == 200, paused.text
+        assert paused.json()["engine_pauses"][engine.url]["kind"] == "vllm"
+        assert admin.get(engine.url + "/is_paused").json() == {"is_paused": True}
+        time.sleep(2.0)  # the weight update
+        resumed = admin.post(gateway.url + "/admin/resume", json={"weight_version": version})
+        assert resumed.status_code == 200, resumed.text
         replies = [f.result() for f in futures]
     assert httpx.get(engine.url + "/is_paused", timeout=10).json() == {"is_paused": False}
     assert httpx.get(engine.url + "/weight_info", timeout=10).json() == {"weight_version": version}
     for reply in replies:
         assert reply.status_code == 200, reply.text
-        choice = reply.json()["choices"][0]
-        assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == MAX_TOKENS
+        for choice in reply.json()["choices"]:
+            assert choice["finish_reason"] == "length", choice["finish_reason"]
+            assert len(choice["token_ids"]) == MAX_TOKENS
     return replies
 
 
 def test_keep_pause_freezes_and_every_request_completes(
     gateway_base: Server, vllm_base: Server
 ) -> None:
-    replies = _update(gateway_base, vllm_base, {"engine_mode": "keep"}, "keep-1", SEQS)
+    replies = _update(gateway_base, vllm_base, {"engine_mode": "keep"}, "keep-1")
     versions = [r.headers.get("x-weight-version") for r in replies]
     # Frozen across the update: finished on the new weights, and the answer says so.
     assert any(v is not None and v.endswith(", keep-1") for v in versions), versions
 
 
-@pytest.mark.skip(
-    reason="against vLLM 0.32 CPU, 2 of 3 runs answered every request on the old weights"
-    " ('keep-1', none ended, none replayed): whether the pause landed after they finished or"
-    " the engine's abort left them running is not known yet"
-    " (docs/operations.md, 'Aborted work is replayed (abort + `replay: true`)')"
-)
 def test_abort_and_replay_completes_every_request_from_one_version(
     gateway_base: Server, vllm_base: Server
 ) -> None:
+    logged, before = len(_access(gateway_base)), _finished(vllm_base)
     replies = _update(gateway_base, vllm_base, {"engine_mode": "abort", "replay": True}, "abort-1")
     versions = [r.headers.get("x-weight-version") for r in replies]
-    assert all(v is None or "," not in v for v in versions), versions  # never mixed
-    assert "abort-1" in versions  # some were replayed on the new weights
+    # Never mixed: finished whole before the pause (the previous version, or none),
+    # or run (again) after the resume.
+    assert all(v is None or "," not in v for v in versions), versions
+    assert len(set(versions) - {"abort-1"}) <= 1, versions
+
+    # The gateway writes its access line just after the answer: wait for all N.
+    deadline = time.monotonic() + 30
+    while len(_access(gateway_base)) < logged + N and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = _access(gateway_base)[logged:]
+    assert len(lines) == N and all(status == 200 for status, _, _ in lines), lines
+    replayed = [(a, v) for _, a, v in lines if a > 1]
+    assert replayed and all(a == 2 and v == "abort-1" for a, v in replayed), lines
+
+    # Engine side: the abort pause ended running requests itself (finish_reason
+    # "abort", per sequence), each of them was replayed, and every request ran to
+    # its full length once. A request the gateway closed (the engine had not ended
+    # it) is a hang-up to vLLM, which its counters do not count: hence the bounds.
+    deadline = time.monotonic() + 30
+    while True:
+        after = _finished(vllm_base)
+        length = after.get("length", 0) - before.get("length", 0)
+        if length >= N * SEQS or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    aborted = after.get("abort", 0) - before.get("abort", 0)
+    assert SEQS <= aborted <= SEQS * len(replayed), (aborted, len(replayed))
+    assert N * SEQS <= length <= SEQS * (N + len(replayed) - aborted // SEQS), (length, aborted)
+    print(
+        f"\nabort+replay: {len(replayed)} of {N} replayed; engine ended {aborted:.0f} sequences"
+        f" (abort), completed {length:.0f} (length)"
+    )

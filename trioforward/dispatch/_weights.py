@@ -15,8 +15,9 @@ those already paused are resumed, the gate is opened again and the call raises
 - ``"wait"``: returns once the engine's requests have finished (old weights).
 - ``"abort"``: the engine ends its requests; streams whose head already went to
   the caller are ended by the gateway first (an error event, never the engine's
-  truncated ``finish_reason: "abort"`` stream); whatever the engine did not end is
-  closed by the gateway (vLLM 0.32 was seen to finish them instead). With
+  truncated ``finish_reason: "abort"`` stream); whatever is still open once the
+  engine's pause answered is closed by the gateway (vLLM 0.32 holds a request that
+  reached it after the pause and runs it after resume: docs/operations.md). With
   ``replay=True`` every such request goes back to QUEUED and runs again, whole,
   after the resume; otherwise its caller gets :class:`DispatchAborted`. Returns
   once none is left on the engine.
@@ -211,6 +212,18 @@ class WeightUpdates:
                 for req in engine.calls:
                     req.frozen_since = now
         elif engine_mode == "abort":
+            for engine in targets:
+                if engine.calls and call_engines:
+                    # vLLM 0.32 holds a request that reached it after the pause and
+                    # runs it after /resume (docs/operations.md, "What vLLM 0.32
+                    # does under an abort pause").
+                    log.info(
+                        "engine %s: %d request(s) still open after its abort pause"
+                        " (not ended by the engine, or its answer not read yet): closed%s",
+                        engine.url,
+                        len(engine.calls),
+                        ", replayed after resume" if replay else "",
+                    )
             self._abort(targets, replay, "engine_mode=abort")
         if engine_mode != "keep" and engine_mode != "retract":
             await _wait_idle(targets)
