@@ -19,9 +19,9 @@ from vllm_probes import MODEL
 
 # N requests of SEQS sequences of 240 tokens (max_model_len 256 minus the 2-token
 # prompt: the longest a sequence can be). 128 sequences keep the engine busy for
-# seconds on 2 cores, so a pause sent once the gateway has them on the engine lands
-# while they run. (16 single sequences finish in ~0.5 s: sooner than a client's
-# thread pool gets them all out and an /admin/engines poll back.)
+# seconds on 2 cores, so a pause sent once the engine decodes them lands while they
+# run. (16 single sequences finish in ~0.5 s: sooner than a client's thread pool
+# gets them all out on a busy machine and a poll comes back.)
 N, SEQS, MAX_TOKENS = 16, 8, 240
 
 BODY = {
@@ -35,23 +35,27 @@ BODY = {
 ACCESS = re.compile(r"POST /v1/completions (\d+) .* attempts=(\d+) .*?(?: version=(\S+))?$")
 
 
-def _dispatched(admin: httpx.Client, gateway: Server, engine: Server) -> int:
-    """Requests the gateway has on ``engine`` now (its own count, never stale)."""
-    engines = admin.get(gateway.url + "/admin/engines").json()["engines"]
-    return sum(e["in_flight"] for e in engines if e["url"] == engine.url)
-
-
-def _finished(engine: Server) -> dict[str, float]:
-    """vLLM's ``vllm:request_success_total`` by ``finished_reason``: one per
-    sequence the engine ended (a client hang-up is not counted)."""
-    text = httpx.get(engine.url + "/metrics", timeout=10).text
+def _metric(http: httpx.Client, engine: Server, name: str) -> dict[str, float]:
+    """vLLM's counter ``name`` by its ``finished_reason`` label ("" if it has none)."""
+    text = http.get(engine.url + "/metrics").text
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == "vllm:request_success_total":
-                reason = s.labels["finished_reason"]
+            if s.name == name:
+                reason = s.labels.get("finished_reason", "")
                 counts[reason] = counts.get(reason, 0.0) + s.value
     return counts
+
+
+def _finished(http: httpx.Client, engine: Server) -> dict[str, float]:
+    """``vllm:request_success_total`` by ``finished_reason``: one per sequence the
+    engine ended (a client hang-up is not counted)."""
+    return _metric(http, engine, "vllm:request_success_total")
+
+
+def _generated(http: httpx.Client, engine: Server) -> float:
+    """``vllm:generation_tokens_total``: tokens the engine has decoded so far."""
+    return sum(_metric(http, engine, "vllm:generation_tokens_total").values())
 
 
 def _access(gateway: Server) -> list[tuple[int, int, str | None]]:
@@ -60,17 +64,20 @@ def _access(gateway: Server) -> list[tuple[int, int, str | None]]:
     return [(int(m[1]), int(m[2]), m[3]) for m in lines if m]
 
 
-def _wait_until_on_engine(
-    admin: httpx.Client, gateway: Server, engine: Server, futures: list[Future[httpx.Response]]
+def _wait_until_decoding(
+    http: httpx.Client, engine: Server, since: float, futures: list[Future[httpx.Response]]
 ) -> None:
-    # By the gateway's own count: vLLM's running gauge is only refreshed by engine
-    # steps, so an idle engine can still show the last request of an earlier test.
-    while _dispatched(admin, gateway, engine) < 1:
+    # The engine's own counter: it has decoded tokens of these requests, so at least
+    # one is in its scheduler, with up to 240 steps to go. (Not vLLM's running gauge:
+    # only engine steps refresh it, so an idle engine can still show the last request
+    # of an earlier test. Not the gateway's in_flight either: a request dispatched is
+    # not yet on the engine, and vLLM holds one that reaches it after a pause.)
+    while _generated(http, engine) <= since:
         assert not all(f.done() for f in futures), (
-            "every request finished before the gateway was seen with one on the engine:"
+            "every request finished before the engine was seen decoding:"
             " the workload is too short for this machine"
         )
-        time.sleep(0.02)
+        time.sleep(0.05)
 
 
 def _update(
@@ -78,13 +85,14 @@ def _update(
 ) -> list[httpx.Response]:
     # The admin client is made before the load: one connection, no set-up per poll.
     with (
+        httpx.Client(timeout=60) as admin,
         ThreadPoolExecutor(N) as pool,
         httpx.Client(timeout=300) as client,
-        httpx.Client(timeout=60) as admin,
     ):
+        generated = _generated(admin, engine)
         url = gateway.url + "/v1/completions"
         futures = [pool.submit(client.post, url, json=BODY) for _ in range(N)]
-        _wait_until_on_engine(admin, gateway, engine, futures)
+        _wait_until_decoding(admin, engine, generated, futures)
         paused = admin.post(gateway.url + "/admin/pause", json=pause)
         assert paused.status_code == 200, paused.text
         assert paused.json()["engine_pauses"][engine.url]["kind"] == "vllm"
@@ -115,38 +123,42 @@ def test_keep_pause_freezes_and_every_request_completes(
 def test_abort_and_replay_completes_every_request_from_one_version(
     gateway_base: Server, vllm_base: Server
 ) -> None:
-    logged, before = len(_access(gateway_base)), _finished(vllm_base)
-    replies = _update(gateway_base, vllm_base, {"engine_mode": "abort", "replay": True}, "abort-1")
-    versions = [r.headers.get("x-weight-version") for r in replies]
-    # Never mixed: finished whole before the pause (the previous version, or none),
-    # or run (again) after the resume.
-    assert all(v is None or "," not in v for v in versions), versions
-    assert len(set(versions) - {"abort-1"}) <= 1, versions
+    with httpx.Client(timeout=10) as http:
+        logged, before = len(_access(gateway_base)), _finished(http, vllm_base)
+        pause = {"engine_mode": "abort", "replay": True}
+        replies = _update(gateway_base, vllm_base, pause, "abort-1")
+        versions = [r.headers.get("x-weight-version") for r in replies]
+        # Never mixed: finished whole before the pause took effect (the previous
+        # version, or none), or run (again) after the resume.
+        assert all(v is None or "," not in v for v in versions), versions
+        assert len(set(versions) - {"abort-1"}) <= 1, versions
 
-    # The gateway writes its access line just after the answer: wait for all N.
-    deadline = time.monotonic() + 30
-    while len(_access(gateway_base)) < logged + N and time.monotonic() < deadline:
-        time.sleep(0.05)
-    lines = _access(gateway_base)[logged:]
-    assert len(lines) == N and all(status == 200 for status, _, _ in lines), lines
-    replayed = [(a, v) for _, a, v in lines if a > 1]
-    assert replayed and all(a == 2 and v == "abort-1" for a, v in replayed), lines
+        # The gateway writes its access line just after the answer: wait for all N.
+        deadline = time.monotonic() + 30
+        while len(_access(gateway_base)) < logged + N and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lines = _access(gateway_base)[logged:]
+        assert len(lines) == N and all(status == 200 for status, _, _ in lines), lines
+        replayed = [(a, v) for _, a, v in lines if a > 1]
+        assert replayed and all(a == 2 and v == "abort-1" for a, v in replayed), lines
 
-    # Engine side: the abort pause ended running requests itself (finish_reason
-    # "abort", per sequence), each of them was replayed, and every request ran to
-    # its full length once. A request the gateway closed (the engine had not ended
-    # it) is a hang-up to vLLM, which its counters do not count: hence the bounds.
-    deadline = time.monotonic() + 30
-    while True:
-        after = _finished(vllm_base)
-        length = after.get("length", 0) - before.get("length", 0)
-        if length >= N * SEQS or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+        # Engine side (vLLM updates its counters just after the answers): its abort
+        # pause ended requests itself (finish_reason "abort", one per sequence), each
+        # of them was replayed, and every request ran to its full length. A request
+        # the gateway closed (one vLLM held instead of ending) is a hang-up to vLLM,
+        # which its counters do not count: hence bounds, not equalities.
+        deadline = time.monotonic() + 30
+        while True:
+            after = _finished(http, vllm_base)
+            length = after.get("length", 0) - before.get("length", 0)
+            if length >= N * SEQS or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     aborted = after.get("abort", 0) - before.get("abort", 0)
     assert SEQS <= aborted <= SEQS * len(replayed), (aborted, len(replayed))
-    assert N * SEQS <= length <= SEQS * (N + len(replayed) - aborted // SEQS), (length, aborted)
+    closed = len(replayed) - aborted // SEQS
+    assert N * SEQS <= length <= SEQS * (N + closed), (length, aborted, len(replayed))
     print(
-        f"\nabort+replay: {len(replayed)} of {N} replayed; engine ended {aborted:.0f} sequences"
+        f"\nabort+replay: {len(replayed)} of {N} replayed; vLLM ended {aborted:.0f} sequences"
         f" (abort), completed {length:.0f} (length)"
     )
