@@ -142,11 +142,14 @@ def test_abort_and_replay_completes_every_request_from_one_version(
         replayed = [(a, v) for _, a, v in lines if a > 1]
         assert replayed and all(a == 2 and v == "abort-1" for a, v in replayed), lines
 
-        # Engine side (vLLM updates its counters just after the answers): its abort
-        # pause ended requests itself (finish_reason "abort", one per sequence), each
-        # of them was replayed, and every request ran to its full length. A request
-        # the gateway closed (one vLLM held instead of ending) is a hang-up to vLLM,
-        # which its counters do not count: hence bounds, not equalities.
+        # Engine side (vLLM updates its counters just after the answers): whatever its
+        # abort pause ended itself (finish_reason "abort", one per sequence) was
+        # replayed, and every request ran to its full length. A request the gateway
+        # closed (one vLLM held instead of ending) is a hang-up to vLLM, which its
+        # counters do not count: hence bounds, not equalities. How many vLLM ended
+        # itself depends on how fast its pause takes effect (all 16 were ended by
+        # vLLM in most runs, 3 in one; docs/operations.md): the gateway's promise
+        # holds either way, so the lower bound is 0, not one request.
         deadline = time.monotonic() + 30
         while True:
             after = _finished(http, vllm_base)
@@ -155,7 +158,7 @@ def test_abort_and_replay_completes_every_request_from_one_version(
                 break
             time.sleep(0.05)
     aborted = after.get("abort", 0) - before.get("abort", 0)
-    assert SEQS <= aborted <= SEQS * len(replayed), (aborted, len(replayed))
+    assert 0 <= aborted <= SEQS * len(replayed), (aborted, len(replayed))
     closed = len(replayed) - aborted // SEQS
     assert N * SEQS <= length <= SEQS * (N + closed), (length, aborted, len(replayed))
     print(
