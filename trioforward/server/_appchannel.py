@@ -14,7 +14,8 @@ through :meth:`AppChannel.put`, which calls ``on_disconnect`` (when the app set
 one) as the ``http.disconnect`` message is put, in the connection's own task. The
 app finds the channel in ``scope["extensions"][DISCONNECT_EXTENSION]``; under any
 other server the key is absent and the app falls back to a watcher task.
-Backpressure is the memory channel's (``config.max_app_queue_size`` messages).
+Backpressure as with Hypercorn's channel: at most ``config.max_app_queue_size``
+messages wait for the app.
 
 What :class:`AppTaskGroup` relies on, checked by
 ``tests/server/test_private_hooks.py`` (fails when the pinned Hypercorn changes
@@ -26,6 +27,7 @@ send, sync_spawn, call_soon)`` that runs an app and logs its errors.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -45,67 +47,88 @@ Send = Callable[[Any], Awaitable[None]]
 
 
 class AppChannel:
-    """One request's messages from the server to the app.
+    """One request's messages from the server to the app: a queue of at most
+    ``size`` messages (``config.max_app_queue_size``; at least 1).
 
     ``receive`` is what the app awaits, :meth:`put` what the server awaits;
     ``on_disconnect``: a synchronous callable the app may set (and must clear),
     called once when ``http.disconnect`` is put; ``disconnected`` tells an app
     that sets the hook late whether it already happened.
+
+    A deque and, only while one side waits, a ``trio.lowlevel.ParkingLot``:
+    opening a trio memory channel per request cost ~10 µs, a deque well under 1
+    (docs/performance.md, "Private hooks").
     """
 
-    __slots__ = ("_sender", "_receiver", "on_disconnect", "disconnected")
+    __slots__ = ("_queue", "_size", "_closed", "_receiving", "_putting", "on_disconnect", "disconnected")
 
     def __init__(self, size: int) -> None:
-        # Not ``open_memory_channel[Message](size)``: subscripting it costs a
-        # typing alias per request.
-        self._sender: trio.MemorySendChannel[Message]
-        self._receiver: trio.MemoryReceiveChannel[Message]
-        self._sender, self._receiver = trio.open_memory_channel(size)
+        self._queue: deque[Message] = deque()
+        self._size = max(1, size)
+        self._closed = False
+        self._receiving: trio.lowlevel.ParkingLot | None = None  # the app, waiting for a message
+        self._putting: trio.lowlevel.ParkingLot | None = None  # the server, waiting for room
         self.on_disconnect: Callable[[], None] | None = None
         self.disconnected = False
 
     async def put(self, message: Message) -> None:
         """Hypercorn's side. Returns without a scheduler pass when there is room
         (a request's body and end-of-body messages would each cost one); waits
-        while the channel is full and the app still runs (backpressure on the
+        while the queue is full and the app still runs (backpressure on the
         connection's reads). Never waits for ``http.disconnect`` (Hypercorn may
         put it from the app's own task, which would wait for itself), and drops
         messages once the app has ended (:meth:`close`): nobody will read them,
         and a wait would hold the connection open for good."""
+        queue = self._queue
         if message["type"] == "http.disconnect":
             self.disconnected = True
             hook, self.on_disconnect = self.on_disconnect, None
             if hook is not None:
                 hook()
-            try:
-                self._sender.send_nowait(message)
-            except (trio.WouldBlock, trio.BrokenResourceError):
-                pass  # receive() reports it once the queued messages are read
+            if not self._closed and len(queue) < self._size:
+                queue.append(message)  # else receive() reports it once the queue is read
+            self._wake(self._receiving)
             return
-        try:
-            self._sender.send_nowait(message)
-        except trio.WouldBlock:
-            try:
-                await self._sender.send(message)
-            except trio.BrokenResourceError:
-                pass  # the app ended while we waited
-        except trio.BrokenResourceError:
-            pass  # the app has ended
+        if self._closed:
+            return
+        if len(queue) >= self._size:
+            if self._putting is None:
+                self._putting = trio.lowlevel.ParkingLot()
+            while len(queue) >= self._size:
+                await self._putting.park()
+                if self._closed:
+                    return  # the app ended while we waited
+        queue.append(message)
+        self._wake(self._receiving)
 
     async def receive(self) -> Message:
         """The app's side: the next message, waiting for one only if none is
         queued (no scheduler pass when the request is already there);
         ``http.disconnect`` once the client is gone and nothing else is queued."""
-        try:
-            return self._receiver.receive_nowait()
-        except trio.WouldBlock:
+        queue = self._queue
+        if not queue:
             if self.disconnected:
                 return {"type": "http.disconnect"}
-            return await self._receiver.receive()
+            if self._receiving is None:
+                self._receiving = trio.lowlevel.ParkingLot()
+            while not queue:
+                await self._receiving.park()
+                if not queue and self.disconnected:
+                    return {"type": "http.disconnect"}
+        message = queue.popleft()
+        self._wake(self._putting)
+        return message
 
     def close(self) -> None:
         """The app has ended: later (and waiting) puts drop their message."""
-        self._receiver.close()
+        self._closed = True
+        self._queue.clear()
+        self._wake(self._putting)
+
+    @staticmethod
+    def _wake(lot: trio.lowlevel.ParkingLot | None) -> None:
+        if lot is not None and lot:
+            lot.unpark_all()
 
 
 async def _run_app(
