@@ -1,5 +1,5 @@
 """The worker's request-to-app channel (``_appchannel.AppChannel``): messages in
-order with the memory channel's backpressure, and the disconnect hook that lets
+order with backpressure (at most ``max_app_queue_size`` waiting), and the disconnect hook that lets
 the OpenAI routes cancel a forward without a watcher task."""
 
 from __future__ import annotations
@@ -43,6 +43,36 @@ async def test_messages_arrive_in_order() -> None:
     await channel.put(BODY)
     assert (await channel.receive())["body"] == b"a"
     assert await channel.receive() == BODY
+
+
+async def _receive_waits_for(channel: AppChannel, put: dict[str, Any]) -> dict[str, Any]:
+    """Asserts that ``receive()`` waits while nothing is queued; returns what it
+    got once ``put`` was put."""
+    got: list[dict[str, Any]] = []
+
+    async def receive() -> None:
+        got.append(await channel.receive())
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []
+            await channel.put(put)
+    return got[0]
+
+
+async def test_receive_waits_for_the_next_message() -> None:
+    # The app asked before the connection read the body.
+    channel = AppChannel(10)
+    assert await _receive_waits_for(channel, BODY) == BODY
+    assert await _receive_waits_for(channel, END) == END
+
+
+async def test_a_waiting_receive_gets_the_disconnect() -> None:
+    channel = AppChannel(10)
+    assert await _receive_waits_for(channel, DISCONNECT) == DISCONNECT
+    assert await channel.receive() == DISCONNECT
 
 
 async def test_put_waits_while_the_channel_is_full() -> None:
