@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import orjson
 import trio
+from fleet_testing import open_members, until_members
 from gateway_harness import generation_requests, open_gateway, open_sim
 
 BODY = {"model": "sim-base", "prompt": [1, 2], "max_tokens": 30, "return_token_ids": True}
@@ -61,3 +62,25 @@ async def test_engine_pause_and_replay_are_fleet_wide(
         assert engine.stats.completed_by_version == {"v5": 4}
         assert generation_requests(engine) == 8  # each ran twice: once cut, once whole
         assert a.state.client.weight_version == b.state.client.weight_version == "v5"
+
+
+async def test_resuming_a_gate_only_pause_never_calls_the_engine_even_when_it_is_down(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    # Drain one engine (gate-only pause), stop it, resume it while it is down: a
+    # resume of a gate-only pause must not call the engine's /resume (it would
+    # fail, and leave every member's gate closed). Engine-level pauses still are.
+    async with open_sim() as engine, AsyncExitStack() as stack:
+        a, b = await open_members(engine.url, valkey, fleet_name, stack)
+        with trio.fail_after(30):
+            await until_members([a, b], 2)
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        drained = await ca.post("/admin/pause", json={"engines": [engine.url], "mode": "wait"})
+        assert drained.status_code == 200, drained.text
+        await engine.stop_listening()
+        resumed = await cb.post("/admin/resume", json={"engines": [engine.url]})
+        assert resumed.status_code == 200, resumed.text
+        assert not any(e.paused for gw in (a, b) for e in gw.state.client.engines.list())
+        assert engine.stats.resumes == 0
+        await engine.start_listening()

@@ -131,6 +131,22 @@ class ControlPlane:
         key = self._keys.control("adapters")
         return await self._change(lambda p: p.hset(key, {name: ""}))
 
+    async def paused_at_engine_level(self, engines: Iterable[str] | None) -> list[str] | None:
+        """Which of ``engines`` (``None``: all) the fleet paused at the engine level
+        (a pause with ``engine_mode``), from the shared state; ``None`` means all of
+        them. A gate-only pause is not listed: resuming it never calls an engine.
+        Raises :class:`~trioforward.fleet.StateUnavailable` when Redis does not answer."""
+        with trio.move_on_after(self._fleet.settings.member_ttl):
+            try:
+                paused = _text(await self._fleet.redis.hgetall(self._keys.control("paused")))
+            except STATE_ERRORS as exc:
+                raise StateUnavailable(f"shared state unreachable ({type(exc).__name__})") from None
+            if ALL in paused and _engine_level(paused[ALL]):
+                return None if engines is None else [e.rstrip("/") for e in engines]
+            urls = [u for u, v in paused.items() if u != ALL and _engine_level(v)]
+            return urls if engines is None else [u for u in (e.rstrip("/") for e in engines) if u in urls]
+        raise StateUnavailable("shared state did not answer in time")
+
     async def _change(self, edit: Any) -> int:
         keys = self._keys
         with trio.move_on_after(self._fleet.settings.member_ttl) as scope:
@@ -264,6 +280,11 @@ class ControlPlane:
         for url, op in engines.items():
             if op == "remove" and url in known:
                 client.engines.remove(url)
+
+
+def _engine_level(value: str) -> bool:
+    """Whether a control-plane pause value paused the engines themselves."""
+    return "engine_mode" in fleet_pause_args(value)
 
 
 def _text(mapping: dict[Any, Any]) -> dict[str, str]:

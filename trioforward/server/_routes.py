@@ -30,7 +30,7 @@ made fleet-wide and answers once all live members applied it (503
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from quart import Response, request
@@ -101,13 +101,17 @@ def _url(value: object) -> str:
         raise RequestError(400, str(exc), code="invalid_engine_url", param="url") from None
 
 
-async def _fleet_wide(change: Awaitable[int]) -> None:
-    """Run a fleet-wide control change (docs/fleet.md, "Control plane"); 503 naming
-    the members that did not apply it in time, or when Redis does not answer."""
+_T = TypeVar("_T")
+
+
+async def _fleet_wide(change: Awaitable[_T]) -> _T:
+    """Run a fleet-wide control change or read (docs/fleet.md, "Control plane");
+    503 naming the members that did not apply it in time, or when Redis does not
+    answer."""
     from trioforward.fleet import FleetLagging, StateUnavailable
 
     try:
-        await change
+        return await change
     except FleetLagging as err:
         raise RequestError(503, str(err), type="server_error", code="fleet_lagging") from None
     except StateUnavailable as err:
@@ -322,9 +326,12 @@ def install_routes(app: QuartTrio) -> None:
             if state.fleet is None:
                 await state.client.resume(engines, weight_version=version)
             else:
-                # The engines once (whoever paused them), then every member's gate.
+                # The engines the fleet paused at the engine level once (whoever
+                # paused them; a gate-only pause never calls an engine), then
+                # every member's gate.
                 weights = state.client.weights
-                await weights.resume_engines(weights.targets(engines), version)
+                engine_level = await _fleet_wide(state.fleet.control.paused_at_engine_level(engines))
+                await weights.resume_engines(weights.targets(engine_level), version)
                 await _fleet_wide(state.fleet.control.resume(engines, weight_version=version))
         except EngineControlError as err:
             return _json(err.to_json(), err.status)
