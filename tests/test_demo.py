@@ -45,11 +45,33 @@ def test_demo_short_run_has_no_failures(tmp_path: Path) -> None:
     assert "0 failures" in done.stdout
 
 
+def test_demo_with_two_workers_runs_one_fleet_with_no_failures(tmp_path: Path) -> None:
+    # The gateway as `trioforward serve --workers 2` (a child process, a private Valkey).
+    out = tmp_path / "demo.json"
+    done = subprocess.run(
+        [sys.executable, "-c", CLI, "demo", "--workers", "2", "--duration", "8", "--burst", "200",
+         "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,  # fail-safe only
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["failures"] == 0, report["failure_examples"]
+    assert report["ok"] and report["checks"]["every worker a fleet member"]
+    fleet = report["scenario"]["fleet"]
+    assert report["workers"] == fleet["workers"] == fleet["members"] == 2 and len(set(fleet["pids"])) == 2
+    assert sorted(fleet["shares"]) == sorted(report["engines"])
+    assert all(len(parts) == 2 and sum(parts) <= 16 for parts in fleet["shares"].values())
+    assert report["requests"]["burst"] == 200 and report["scenario"]["pause"]["held"]
+    assert "2 worker processes in one fleet" in done.stdout
+
+
 def test_demo_help_lists_its_flags() -> None:
     done = subprocess.run([sys.executable, "-c", CLI, "demo", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     for flag in ("--engines COUNT", "--duration SECONDS", "--json FILE", "--engine URL",
-                 "--burst REQUESTS", "--port PORT"):
+                 "--burst REQUESTS", "--port PORT", "--workers COUNT"):
         assert flag in done.stdout, flag
 
 

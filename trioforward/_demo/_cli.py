@@ -15,6 +15,7 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from trioforward._demo._gateway import fleet_extra_missing
 from trioforward._demo._run import Options, Step, run
 from trioforward._demo._summary import render_summary
 from trioforward._demo._tally import Tally
@@ -110,10 +111,13 @@ async def _main(opts: Options, tally: Tally, step: Step, bar: Progress) -> dict[
               help="Gateway port on 127.0.0.1 (0 = a free port).")
 @click.option("--engine", "external", multiple=True, metavar="URL",
               help="A real engine (vLLM/SGLang) to drive instead of the simulated fleet; repeatable.")
+@click.option("--workers", type=click.IntRange(1, 16), default=1, show_default=True, metavar="COUNT",
+              help="Run the gateway as `trioforward serve --workers COUNT` (one fleet sharing a private "
+                   "Valkey; needs the fleet extra) instead of in this process.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the summary as JSON to this file ('-' = stdout).")
 def demo(engine_count: int, duration: float, burst: int, port: int, external: tuple[str, ...],
-         json_path: str | None) -> None:
+         workers: int, json_path: str | None) -> None:
     """Run the gateway on a simulated fleet and drive it with real clients.
 
     Starts the engines and the gateway (Hypercorn on loopback) in this process,
@@ -122,14 +126,23 @@ def demo(engine_count: int, duration: float, burst: int, port: int, external: tu
     streaming) and an httpx trainer loop, while it pauses and resumes for a
     weight update, stops and restarts one engine, and takes a burst of
     concurrent requests. Prints a summary; exits 1 if any request failed.
+
+    With --workers 2 the gateway is `trioforward serve --workers 2` in a child
+    process: two workers on one socket, one fleet through a private Valkey
+    (docs/fleet.md), and the summary shows the fleet. Exits 2 if the fleet
+    extra is missing.
     """
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     logging.basicConfig(level=logging.WARNING)
+    if workers > 1 and fleet_extra_missing():
+        raise click.UsageError(
+            f"--workers {workers} needs the fleet extra: pip install 'trioforward[demo,fleet]'"
+        )
     _check_port_free(port)
     _check_json_path(json_path)
     _raise_open_files_limit(2 * burst + 512)
     _check_open_files(burst)
-    opts = Options(engines=engine_count, duration=duration, burst=burst, port=port, external=external)
+    opts = Options(engines=engine_count, duration=duration, burst=burst, port=port, external=external, workers=workers)
     console = Console(stderr=json_path == "-")
     tally = Tally()
     step = Step()

@@ -31,7 +31,7 @@ from trioforward._demo._clients import (
     trainer_loop,
 )
 from trioforward._demo._fleet import SIM_CAPACITY, Fleet, open_fleet
-from trioforward._demo._gateway import Gateway, serve_gateway
+from trioforward._demo._gateway import Gateway, serve_gateway, serve_workers
 from trioforward._demo._tally import Tally, histogram_quantile, parse_histograms
 from trioforward._settings import Settings
 
@@ -53,6 +53,7 @@ class Options:
     burst: int = 2000
     port: int = 0
     external: tuple[str, ...] = ()
+    workers: int = 1
 
 
 class Step:
@@ -79,6 +80,11 @@ async def run(opts: Options, tally: Tally, progress: Step) -> dict[str, Any]:
                 log_level="warning",
                 shutdown_grace=5.0,
             )
+            if opts.workers > 1:
+                progress.step = f"gateway starting: {opts.workers} workers and a private Valkey"
+                with tempfile.TemporaryDirectory(prefix="trioforward-demo-gateway-") as workdir:
+                    async with serve_workers(settings, opts.port, opts.workers, workdir) as gateway:
+                        return await _drive(opts, fleet, gateway, tally, progress)
             progress.step = "gateway starting"
             async with serve_gateway(settings, opts.port) as gateway:
                 return await _drive(opts, fleet, gateway, tally, progress)
@@ -116,7 +122,44 @@ async def _drive(opts: Options, fleet: Fleet, gateway: Gateway, tally: Tally, pr
         duration = tally.now() - t_start
         progress.step = "collecting statistics"
         metrics = await http.get(gateway.url + "/metrics")
+        if gateway.workers > 1:
+            scenario["fleet"] = await _fleet_view(http, gateway)
         return _report(opts, fleet, gateway, tally, scenario, metrics, duration, tinker_errors)
+
+
+async def _fleet_view(http: httpx.AsyncClient, gateway: Gateway) -> dict[str, Any]:
+    """The gateway's fleet as one worker sees it (docs/fleet.md, "Control plane"):
+    its members (pid) and, per engine, each member's share of its capacity."""
+    response = await http.get(gateway.url + "/admin/engines")
+    fleet = (response.json().get("fleet") or {}) if response.status_code == 200 else {}
+    members = fleet.get("members", {})
+    return {
+        "workers": gateway.workers,
+        "members": len(members),
+        "pids": sorted(m["pid"] for m in members.values()),
+        "shares": {url: [m["share"].get(url, 0) for _, m in sorted(members.items())] for url in fleet.get("engines", {})},
+        "state": fleet.get("state"),
+    }
+
+
+def _counts(gateway: Gateway, metrics: httpx.Response) -> tuple[dict[tuple[str, str], int], int]:
+    """Retries by (phase, reason) and adapter loads: from the in-process gateway's
+    statistics, or, under ``--workers N``, from ``/metrics`` (the box's sum)."""
+    if gateway.client is not None:
+        stats = gateway.client.statistics()
+        return dict(stats.retries), sum(stats.adapter_loads.values())
+    from prometheus_client.parser import text_string_to_metric_families
+
+    retries: dict[tuple[str, str], int] = {}
+    loads = 0
+    if metrics.status_code == 200:
+        for family in text_string_to_metric_families(metrics.text):
+            for sample in family.samples:
+                if sample.name == "trioforward_retries_total" and sample.value:
+                    retries[(sample.labels["phase"], sample.labels["reason"])] = int(sample.value)
+                elif sample.name == "trioforward_adapter_loads_total":
+                    loads += int(sample.value)
+    return retries, loads
 
 
 async def _first_model(http: httpx.AsyncClient, url: str) -> str:
@@ -261,7 +304,7 @@ def _report(
     duration: float,
     tinker_errors: list[str],
 ) -> dict[str, Any]:
-    stats = gateway.client.statistics()
+    retries, gateway_loads = _counts(gateway, metrics)
     histograms = parse_histograms(metrics.text) if metrics.status_code == 200 else {}
 
     def quantiles(name: str) -> dict[str, float | None]:
@@ -283,6 +326,8 @@ def _report(
         "every client made requests" + (f" (none from {', '.join(silent)})" if silent else ""): not silent,
         "metrics served": metrics.status_code == 200,
     }
+    if "fleet" in scenario:
+        checks["every worker a fleet member"] = scenario["fleet"]["members"] == gateway.workers
     if "pause" in scenario:
         pause = scenario["pause"]
         checks["pause held dispatch"] = bool(pause["held"])
@@ -292,6 +337,7 @@ def _report(
         "mode": "simulated" if fleet.simulated else "external",
         "engines": fleet.urls,
         "gateway": gateway.url,
+        "workers": gateway.workers,
         "metrics_url": gateway.url + "/metrics",
         "duration_seconds": round(duration, 1),
         "requests": {api: tally.ok[api] + tally.failed[api] for api in tally.apis()},
@@ -300,11 +346,11 @@ def _report(
         "failures_by_api": dict(tally.failed),
         "failure_examples": tally.examples,
         "setup_errors": tinker_errors,
-        "retries": {f"{phase}/{reason}": n for (phase, reason), n in sorted(stats.retries.items(), key=str)},
+        "retries": {f"{phase}/{reason}": n for (phase, reason), n in sorted(retries.items(), key=str)},
         "queue_time_seconds": quantiles("trioforward_queue_wait_seconds"),
         "engine_time_seconds": quantiles("trioforward_engine_time_seconds"),
         "adapter_loads": {
-            "gateway": sum(stats.adapter_loads.values()),
+            "gateway": gateway_loads,
             "engines": fleet.adapter_loads() if fleet.simulated else None,
         },
         "scenario": scenario,

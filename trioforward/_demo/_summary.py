@@ -102,7 +102,21 @@ def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> No
             "LoRA adapter loads (lazy: first request 404, loaded, retried)",
             f"gateway loaded {loads['gateway']}, engines counted {loads['engines']}",
         )
-    scenario.add_row("Prometheus metrics", f"served at {report['metrics_url']} while the demo ran")
+    fleet = report["scenario"].get("fleet")
+    if fleet:
+        shares = "; ".join(f"{url.rsplit(':', 1)[-1]}: {' + '.join(map(str, parts))}"
+                           for url, parts in sorted(fleet["shares"].items()))
+        scenario.add_row(
+            f"fleet: --workers {fleet['workers']} (one socket, a private Valkey)",
+            f"{count_of(fleet['members'], 'worker processes')} in one fleet (pids "
+            f"{', '.join(map(str, fleet['pids']))}); each engine's capacity split per worker "
+            f"(engine port: shares) {shares or '-'}",
+        )
+    scenario.add_row(
+        "Prometheus metrics",
+        f"served at {report['metrics_url']} while the demo ran"
+        + (" (the sum over the workers)" if fleet else ""),
+    )
 
     console.print(Group(requests, retries, timing, scenario))
     for example in report["failure_examples"]:
