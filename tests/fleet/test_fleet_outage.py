@@ -102,3 +102,33 @@ async def test_a_redis_that_lost_the_control_state_does_not_make_the_next_change
         await a.state.fleet.control.resume(None)
         assert not any(e.paused for gw in (a, b) for e in gw.state.client.engines.list())
     assert any("version went back from 2 to 0" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_member_whose_record_lives_stays_in_view_when_it_is_missing_from_the_set(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    # After an outage, member A may prune B from the member set (B's record had
+    # expired) just after B re-added itself: B must not drop out of A's view (its
+    # futures would answer 410 "left the fleet") while B's record lives.
+    import coredis
+
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        (a,) = await open_members(engine.url, valkey, fleet_name, stack, n=1)
+        fleet = a.state.fleet
+        record = {"host": "b", "pid": 1, "demand": {}, "share": {}, "epoch": "bbbb"}
+        async with coredis.Redis(unix_socket_path=str(valkey.socket)) as redis:
+            await redis.set(fleet.keys.member("b"), orjson.dumps(record), px=60_000)
+            await redis.sadd(fleet.keys.members, ["b"])
+            with trio.fail_after(30):
+                while "b" not in fleet.members:
+                    await fleet.wait_tick()
+            await redis.srem(fleet.keys.members, ["b"])  # the racing prune
+            with trio.fail_after(30):
+                for _ in range(5):
+                    await fleet.wait_tick()
+                    assert "b" in fleet.members and fleet.epoch_alive("bbbb")
+            await redis.delete([fleet.keys.member("b")])  # B really leaves
+            with trio.fail_after(30):
+                while "b" in fleet.members:
+                    await fleet.wait_tick()
+        assert not fleet.epoch_alive("bbbb")

@@ -132,7 +132,9 @@ class Fleet:
 
     async def _exchange(self) -> None:
         keys = self.keys
-        others = sorted(self._known - {self.member_id})
+        # The set is for discovery; a member stays in view while its record lives,
+        # even if another member's prune raced its re-add after an outage.
+        others = sorted((self._known | set(self.members)) - {self.member_id})
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.member(self.member_id), self._record(), px=self._ttl_ms)
             pipe.sadd(keys.members, [self.member_id])
