@@ -7,9 +7,15 @@ client sends ``X-Session-ID``), ``prefix`` (no header), and smg's
 ``cache_aware`` policy (``smg launch``, the ``smg`` package, defaults). Three
 workloads each, engine caches and counters reset between runs:
 
-- ``agentic``: S sessions x T turns, run concurrently; each turn's prompt is
-  the previous prompt plus the answer plus new tokens (a shared system prompt,
-  then a per-session task);
+- ``agentic``: rounds (trainer steps) of S sessions x T turns, run
+  concurrently; each turn's prompt is the previous prompt plus the answer
+  plus new tokens (a shared system prompt, then a per-session task). A
+  trainer's agentic batch holds hundreds of rollouts of many turns, more
+  than the engines run at once; the default, 2 rounds of 64 sessions x 8
+  turns on 16 slots, keeps 4 sessions a slot, so the round's wall is set by
+  the engines' work and its spread, as in such a batch. The earlier default,
+  one round of 32 x 6 (``--agentic-rounds 1 --sessions 32 --turns 6``), ran
+  about 3.5 s and its walls moved by 25 % between runs;
 - ``grpo``: batches of Q groups of G identical prompts, each batch sent at
   once as separate requests (session id = group), group after group, one
   batch after another. A trainer's batch holds many groups per engine (a
@@ -42,8 +48,13 @@ For each GRPO batch the JSON also has its wall, each engine's busy time and
 ``placement_bound_s``, the busiest engine's busy time over its slots: the
 batch's wall if that placement ran with no idle slot and no overhead (the
 rest is the client's, gateway's and engines' CPU, and slots idle at the tail);
-the table's ``floor s`` is their sum over the batches. ``router CPU s``: the
-CPU time the gateway (or smg) process used during the workload.
+the table's ``floor s`` is their sum over the batches. Each agentic round
+has the same, and ``chain_bound_s``, the longest session's engine time (its
+turns back to back; the floor is the larger of the two) and ``lost_turns``,
+the turns that did not find their session's previous prompt cached (fewer
+cached tokens than its full blocks: the turn ran elsewhere than the last
+one). ``walls per round s``: each batch's or round's wall. ``router CPU s``:
+the CPU time the gateway (or smg) process used during the workload.
 
 ``prefix:1.5`` is ``prefix`` with ``prefix_load_factor = 1.5`` (the default is
 1.25): the knob's trade between cache reuse and balance. Each engine's
@@ -59,7 +70,7 @@ an answer's text is not the token ids it cached: a next turn reuses the
 previous prompt, not the answer. The machine has 2 cores, shared with other
 work while this ran: compare ratios within one run.
 
-    python bench/prefix_routing.py [--sessions 32 --turns 6 --rounds 2 --groups 64 --group-size 8]
+    python bench/prefix_routing.py [--agentic-rounds 2 --sessions 64 --turns 8 --rounds 2 --groups 64 --group-size 8]
 
 Writes ``bench/results/prefix_routing.json`` and prints a table.
 """
@@ -181,6 +192,11 @@ class _Run:
         self.errors = 0
 
     async def complete(self, prompt: str, key: str) -> str:
+        return (await self.complete_cached(prompt, key))[0]
+
+    async def complete_cached(self, prompt: str, key: str) -> tuple[str, int]:
+        """The answer's text and the prompt tokens the engine had cached
+        (``usage.prompt_tokens_details.cached_tokens``, 0 when absent)."""
         body = {"model": "sim-base", "prompt": prompt, "max_tokens": self.max_tokens}
         headers = {"x-session-id": key} if self.headers else {}
         start = time.perf_counter()
@@ -188,21 +204,49 @@ class _Run:
             data = await response.json(content_type=None)
             if response.status != 200:
                 self.errors += 1
-                return ""
+                return "", 0
         self.latencies.append(time.perf_counter() - start)
-        return str(data["choices"][0]["text"])
+        details = data.get("usage", {}).get("prompt_tokens_details") or {}
+        return str(data["choices"][0]["text"]), int(details.get("cached_tokens", 0))
 
 
-async def _agentic(run: _Run, sessions: int, turns: int, system: int, task: int, new: int) -> None:
-    shared = _text("system: you are a careful agent", system)
+async def _agentic(run: _Run, args: Any, engines: list[str], batches: list[dict[str, Any]]) -> None:
+    """``args.agentic_rounds`` rounds (a trainer step each: new tasks, the same
+    system prompt) of ``args.sessions`` concurrent sessions x ``args.turns``
+    turns. Per round: its wall, each engine's counters, the longest chain's
+    engine time (its turns' prefill of uncached tokens and decode, back to
+    back: no placement finishes the round sooner) and the turns that lost
+    their session's prefix (cached fewer tokens than the previous prompt's
+    full blocks: the turn ran on another engine than the previous one, or the
+    prefix was evicted)."""
+    shared = _text("system: you are a careful agent", args.system)
+    block = 16  # the simulated engine's prefix-cache block (vLLM's default)
 
-    async def one(s: int) -> None:
-        prompt = shared + _text(f"task {s}", task)
-        for t in range(turns):
-            answer = await run.complete(prompt, f"session-{s}")
-            prompt = prompt + answer + _text(f"tool output {s}.{t}", new)
+    async def one(r: int, s: int, chains: list[float], lost: list[int]) -> None:
+        prompt = shared + _text(f"task {r}.{s}", args.task)
+        previous = 0  # the previous prompt's length (0: first turn)
+        chain = 0.0
+        for t in range(args.turns):
+            answer, cached = await run.complete_cached(prompt, f"session-{r}.{s}")
+            chain += ((len(prompt) - cached) * args.prefill_ms + args.max_tokens * args.decode_ms) / 1e3
+            if previous and cached < previous // block * block:
+                lost[0] += 1
+            previous = len(prompt)
+            prompt = prompt + answer + _text(f"tool output {r}.{s}.{t}", args.new_tokens)
+        chains.append(chain)
 
-    await asyncio.gather(*(one(s) for s in range(sessions)))
+    before = await _stats(run.session, engines)
+    for r in range(args.agentic_rounds):
+        chains: list[float] = []
+        lost = [0]
+        start = time.perf_counter()
+        await asyncio.gather(*(one(r, s, chains, lost) for s in range(args.sessions)))
+        wall = time.perf_counter() - start
+        after = await _stats(run.session, engines)
+        deltas = [_delta(a, b) for a, b in zip(after, before, strict=True)]
+        batches.append({"wall_s": wall, "stats": deltas, "chain_s": max(chains, default=0.0),
+                        "lost_turns": lost[0]})
+        before = after
 
 
 async def _grpo(
@@ -300,7 +344,7 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
         start = time.perf_counter()
         try:
             if name == "agentic":
-                await _agentic(run, args.sessions, args.turns, args.system, args.task, args.new_tokens)
+                await _agentic(run, args, engines, batches)
             elif name == "grpo":
                 await _grpo(run, args.rounds, args.groups, args.group_size, args.system, args.task,
                             engines, batches)
@@ -330,12 +374,16 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
     per_batch = []
     for b in batches:
         busy_b = [slot_s(d["computed"], d["requests"]) for d in b["stats"]]
-        per_batch.append({
+        entry = {
             "wall_s": round(b["wall_s"], 3),
             "busy_s_per_engine": [round(x, 3) for x in busy_b],
             "computed_per_engine": [d["computed"] for d in b["stats"]],
             "placement_bound_s": round(max(busy_b) / args.capacity, 3),
-        })
+        }
+        if "chain_s" in b:  # agentic: the longest chain bounds the round too
+            entry["chain_bound_s"] = round(b["chain_s"], 3)
+            entry["lost_turns"] = b["lost_turns"]
+        per_batch.append(entry)
     # A closed loop keeps at most `peak` requests outstanding, so at every
     # placement the bound was at most ceil(1.25 * peak / n); an engine never
     # holds more than the gateway placed on it, so engine-side samples above
@@ -442,7 +490,7 @@ def run(args: Any) -> dict[str, Any]:
         "engines": args.engines,
         "engine": f"sim-engine --capacity {args.capacity} --prefill-ms-per-token {args.prefill_ms} "
         f"--decode-ms-per-token {args.decode_ms} --prefix-cache-tokens {args.cache_tokens}",
-        "workloads": f"agentic {args.sessions} sessions x {args.turns} turns (system {args.system}, "
+        "workloads": f"agentic {args.agentic_rounds} rounds of {args.sessions} sessions x {args.turns} turns (system {args.system}, "
         f"task {args.task}, +{args.new_tokens} tokens a turn); grpo {args.rounds} batches of "
         f"{args.groups} groups x {args.group_size}; skewed {args.skewed_requests} requests at concurrency "
         f"{args.concurrency}, 3/4 on a {args.hot}-token hot prefix; max_tokens {args.max_tokens}",
@@ -455,6 +503,15 @@ def run(args: Any) -> dict[str, Any]:
         "results": rows,
         "ratios": _ratios(rows),
     }
+
+
+def _floor(batches: list[dict[str, Any]]) -> float | None:
+    """Sum over the batches (rounds) of the wall their placement allows at best:
+    the busiest engine's time over its slots, or for agentic the longest
+    chain's engine time if that is longer (``None`` without batches)."""
+    if not batches:
+        return None
+    return sum(max(b["placement_bound_s"], b.get("chain_bound_s", 0.0)) for b in batches)
 
 
 def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -472,6 +529,9 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry["work_vs_least_outstanding"] = sum(r["busy_s_per_engine"]) / sum(
                 least["busy_s_per_engine"]
             )
+            floor, least_floor = _floor(r["batches"]), _floor(least["batches"])
+            if floor and least_floor:
+                entry["floor_vs_least_outstanding"] = floor / least_floor
         out.append(entry)
     return out
 
@@ -485,20 +545,23 @@ def format_table(report: dict[str, Any]) -> str:
 
     lines = [
         "| workload | router | errors | computed | cached | cached share | vs session | wall s "
-        "| vs least-outst. | work vs least-outst. | floor s | router CPU s | p50 ms | p99 ms | requests per engine "
-        "| busy s per engine | peak engine load | bound |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        "| vs least-outst. | work vs least-outst. | floor s | walls per round s | lost turns | router CPU s "
+        "| p50 ms | p99 ms | requests per engine | busy s per engine | peak engine load | bound |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---|---:|---:|",
     ]
     for r in report["results"]:
         ratio = ratios.get((r["workload"], r["target"]), {})
         batches = r.get("batches") or []
-        floor = sum(b["placement_bound_s"] for b in batches) if batches else None
+        floor = _floor(batches)
+        lost = sum(b["lost_turns"] for b in batches) if batches and "lost_turns" in batches[0] else None
+        walls = " ".join(format(b["wall_s"], ".2f") for b in batches) or "–"
         lines.append(
             f"| {r['workload']} | {r['target']} | {r['errors']} | {r['prompt_tokens_computed']} | "
             f"{r['prompt_tokens_cached']} | {fmt(r['cached_share'], '.2f')} | "
             f"{fmt(ratio.get('cached_share_vs_session'), '.2f')} | {fmt(r['wall_s'], '.2f')} | "
             f"{fmt(ratio.get('wall_vs_least_outstanding'), '.2f')} | "
-            f"{fmt(ratio.get('work_vs_least_outstanding'), '.2f')} | {fmt(floor, '.2f')} | "
+            f"{fmt(ratio.get('work_vs_least_outstanding'), '.2f')} | {fmt(floor, '.2f')} | {walls} | "
+            f"{fmt(lost, 'd')} | "
             f"{fmt(r.get('router_cpu_s'), '.2f')} | "
             f"{fmt(r['p50_ms'], '.0f')} | "
             f"{fmt(r['p99_ms'], '.0f')} | {' '.join(map(str, r['requests_per_engine']))} | "
@@ -520,11 +583,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--decode-ms", type=float, default=5.0, help="per decode step (ms)")
     p.add_argument("--cache-tokens", type=int, default=1 << 16, help="prefix cache per engine")
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--sessions", type=int, default=32)
-    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--sessions", type=int, default=64, help="agentic sessions per round")
+    p.add_argument("--turns", type=int, default=8)
     p.add_argument("--system", type=int, default=512, help="shared system prompt (tokens)")
     p.add_argument("--task", type=int, default=256, help="per-session task / question (tokens)")
     p.add_argument("--new-tokens", type=int, default=96, help="new tokens a turn")
+    p.add_argument("--agentic-rounds", type=int, default=2, help="agentic rounds, one after the other")
     p.add_argument("--rounds", type=int, default=2, help="GRPO batches, one after the other")
     p.add_argument("--groups", type=int, default=64, help="GRPO groups per batch")
     p.add_argument("--group-size", type=int, default=8)

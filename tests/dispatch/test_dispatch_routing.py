@@ -180,6 +180,54 @@ async def test_prefix_routing_is_work_conserving(fd_baseline: int) -> None:
         assert done == {"other": first.url, "copy 1": second.url, "copy 2": first.url}
 
 
+async def test_a_turn_moved_by_work_conservation_takes_its_next_turn_along(
+    fd_baseline: int,
+) -> None:
+    # engine_capacity 1: one request runs per engine, the rest queue at the gateway.
+    knobs = {"engine_capacity": 1, "prefix_load_factor": 4.0, "prefix_tokens": 16}
+    async with (
+        open_engine(prefix_cache_tokens=1 << 16) as e1,
+        open_engine(prefix_cache_tokens=1 << 16) as e2,
+        client_for(e1, e2, routing="prefix", **knobs) as client,
+    ):
+        by_url = {e1.url: e1, e2.url: e2}
+        turn1 = list(range(3000, 3120))  # 600 bytes rendered: two routing blocks
+        home = by_url[(await client.post(COMPLETION, json=body(prompt=turn1))).engine]
+        other = next(e for e in by_url.values() if e is not home)
+        for e in by_url.values():
+            e.prefill_stall(math.inf)  # decoding halts: requests stay in flight
+        turn2 = [*turn1, *range(5000, 5100)]
+        where: dict[str, str] = {}
+
+        async def post(name: str, prompt: list[int]) -> None:
+            where[name] = (await client.post(COMPLETION, json=body(prompt=prompt))).engine
+
+        async with trio.open_nursery() as nursery:
+            # The session's anchor with another tail: it takes the session's engine.
+            nursery.start_soon(post, "blocker", turn1[:16] + list(range(7000, 7100)))
+            await trio.testing.wait_all_tasks_blocked()
+            assert home.stats.running == 1
+            nursery.start_soon(post, "filler", list(range(8000, 8100)))  # the free slot
+            await trio.testing.wait_all_tasks_blocked()
+            assert other.stats.running == 1
+            # The second turn follows the first to its engine and queues there.
+            nursery.start_soon(post, "turn 2", turn2)
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.statistics().queued == 1
+            # The other engine's slot frees first: it takes the queued turn.
+            other.end_stall()
+            with trio.fail_after(10):  # a hang guard only; the assertion is the order
+                await other.stats.wait_for(lambda s: s.by_path[COMPLETION] == 2 and s.running == 0)
+            home.end_stall()
+        assert where["turn 2"] == other.url and where["blocker"] == home.url
+        # The third turn extends the second: it goes where the second ran, and
+        # finds all of the second's full blocks cached there.
+        turn3 = [*turn2, *range(6000, 6100)]
+        r = await client.post(COMPLETION, json=body(prompt=turn3))
+        assert r.engine == other.url
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == len(turn2) // 16 * 16
+
+
 async def test_work_conservation_leaves_session_requests_where_their_session_is(
     fd_baseline: int,
 ) -> None:

@@ -26,7 +26,9 @@ already holds the longest prefix of its prompt. Three rules choose it:
    while another engine with room
    has a free slot goes to the first such engine in the anchor's order. The
    other half — a slot that frees takes a request queued elsewhere — is the
-   dispatcher's (``_queueing.conserve``), since only it sees slots free.
+   dispatcher's (``_queueing.conserve``), since only it sees slots free; it
+   tells the table (:meth:`PrefixRouter.moved`), so the moved prompt's
+   continuations follow it to the engine that now holds it.
 
 With ``table_size = 0`` only rules 2 and 3 apply and the choice is a pure function
 of the prompt, the engine list and the loads: every gateway of a fleet makes
@@ -190,6 +192,13 @@ class PrefixRouter:
         if chosen is not None and key.chain and self.table_size:
             self._remember(key.chain[-1], chosen)
         return chosen  # type: ignore[return-value]
+
+    def moved(self, key: PrefixKey, engine: Routable) -> None:
+        """``key``'s request left the engine :meth:`pick` chose for ``engine``
+        (work conservation took it from a queue): its continuations follow it
+        there, where its prompt will be cached (O(1))."""
+        if key.chain and self.table_size:
+            self._remember(key.chain[-1], engine)
 
     def _remembered(self, key: PrefixKey, avoid: Routable | None, room: int) -> Routable | None:
         table = self._table

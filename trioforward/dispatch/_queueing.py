@@ -47,6 +47,8 @@ async def acquire(
             engine = router.pick(
                 registry.engines, session=req.session, avoid=avoid, prefix=req.prefix
             )
+        elif router.prefix is not None and req.prefix is not None:
+            router.prefix.moved(req.prefix, engine)  # its next turn follows it
         if engine is None:
             if not registry.engines:
                 raise NoEngineAvailable("no engine is registered")
