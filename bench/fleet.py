@@ -12,7 +12,8 @@ set), ``workers2`` (``--workers 2`` sharing the Valkey server).
 
 Measured, each in one run so the ratios compare like with like:
 
-- OpenAI path: requests/s and gateway CPU per request at bursts of 64 and 1024;
+- OpenAI path: requests/s and gateway CPU per request at bursts of 64, 1024 and
+  8192 (`--sizes`; a size above `--requests` runs one burst);
 - Tinker: gateway CPU per sample over N ``asample`` then N ``retrieve_future``
   (``single`` vs ``fleet``);
 - failover (``bench/_fleet_failover.py``): ``--failover-samples`` Tinker
