@@ -141,64 +141,76 @@ async def _loadgen(plan: dict[str, Any]) -> list[dict[str, Any]]:
     # would: it never reuses a connection the server is closing (that keep-alive
     # race would count as the target's errors), and warm connections carry over
     # from the warm-up burst to the measured ones wherever the server allows it.
-    sessions = {
-        t["name"]: aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=t["keep_alive"] - 1.0),
+    # One session per target and size, closed after its row: kept open, the idle
+    # connections of earlier targets (8192 each at the largest size) exhaust the
+    # load generator's file descriptors.
+    def new_session(target: dict[str, Any]) -> Any:
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=target["keep_alive"] - 1.0),
             timeout=aiohttp.ClientTimeout(total=300),
         )
-        for t in plan["targets"]
-    }
+
     engines = plan["engines"]
     stats_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
     try:
         for size in plan["sizes"]:
             for target in plan["targets"]:
-                session, urls, pid = sessions[target["name"]], target["urls"], target["pid"]
-                accepted0 = await _accepted(stats_session, engines)
-                _, _, warmup_errors, warmup_kinds = await _burst(session, urls, size)  # opens the connections
-                if plan.get("handshake"):  # a profiler attaches between warm-up and measurement
-                    print("warm", file=sys.stderr, flush=True)
-                    await asyncio.to_thread(sys.stdin.readline)
-                # Small bursts are repeated until `min_requests` were sent, so the
-                # CPU reading (10 ms ticks) is precise at every size.
-                rounds = max(1, -(-plan["min_requests"] // size))
-                cpu0 = process_cpu(pid) if pid else 0.0
-                own0 = _self_cpu()
-                wall, latencies, errors, kinds = 0.0, [], 0, {}
-                for _ in range(rounds):
-                    w, lat, err, k = await _burst(session, urls, size)
-                    wall += w
-                    latencies += lat
-                    errors += err
-                    for name, count in k.items():
-                        kinds[name] = kinds.get(name, 0) + count
-                cpu = (process_cpu(pid) - cpu0) if pid else None
-                own = _self_cpu() - own0
-                # Each stats read opens one connection itself: the second read's is
-                # counted in its own answer.
-                accepted = [b - a - 1 for a, b in zip(accepted0, await _accepted(stats_session, engines), strict=True)]
-                total = size * rounds
-                latencies.sort()
-                row = {
-                    "target": target["name"], "size": size, "bursts": rounds, "requests": total,
-                    "errors": errors, "error_kinds": kinds, "warmup_errors": warmup_errors,
-                    "warmup_error_kinds": warmup_kinds,
-                    "wall_s": wall, "throughput_rps": total / wall,
-                    "p50_ms": 1e3 * latencies[len(latencies) // 2] if latencies else None,
-                    "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None,
-                    "gateway_cpu_s": cpu,
-                    "cpu_per_request_us": (1e6 * cpu / total) if cpu is not None else None,
-                    "loadgen_cpu_per_request_us": 1e6 * own / total,
-                    "peak_rss_mib": peak_rss_mib(pid) if pid else None,
-                    "upstream_connections": accepted,
-                }
+                session, urls, pid = new_session(target), target["urls"], target["pid"]
+                try:
+                    row = await _measure(plan, target, session, urls, pid, size, stats_session, engines)
+                finally:
+                    await session.close()
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 out.append(row)
     finally:
-        for session in sessions.values():
-            await session.close()
         await stats_session.close()
     return out
+
+
+async def _measure(
+    plan: dict[str, Any], target: dict[str, Any], session: Any, urls: list[str], pid: int | None,
+    size: int, stats_session: Any, engines: list[str],
+) -> dict[str, Any]:
+    """One row: warm-up burst, then measured bursts of ``size`` through ``session``."""
+    accepted0 = await _accepted(stats_session, engines)
+    _, _, warmup_errors, warmup_kinds = await _burst(session, urls, size)  # opens the connections
+    if plan.get("handshake"):  # a profiler attaches between warm-up and measurement
+        print("warm", file=sys.stderr, flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+    # Small bursts are repeated until `min_requests` were sent, so the
+    # CPU reading (10 ms ticks) is precise at every size.
+    rounds = max(1, -(-plan["min_requests"] // size))
+    cpu0 = process_cpu(pid) if pid else 0.0
+    own0 = _self_cpu()
+    wall, latencies, errors, kinds = 0.0, [], 0, {}
+    for _ in range(rounds):
+        w, lat, err, k = await _burst(session, urls, size)
+        wall += w
+        latencies += lat
+        errors += err
+        for name, count in k.items():
+            kinds[name] = kinds.get(name, 0) + count
+    cpu = (process_cpu(pid) - cpu0) if pid else None
+    own = _self_cpu() - own0
+    # Each stats read opens one connection itself: the second read's is
+    # counted in its own answer.
+    accepted = [b - a - 1 for a, b in zip(accepted0, await _accepted(stats_session, engines), strict=True)]
+    total = size * rounds
+    latencies.sort()
+    row = {
+        "target": target["name"], "size": size, "bursts": rounds, "requests": total,
+        "errors": errors, "error_kinds": kinds, "warmup_errors": warmup_errors,
+        "warmup_error_kinds": warmup_kinds,
+        "wall_s": wall, "throughput_rps": total / wall,
+        "p50_ms": 1e3 * latencies[len(latencies) // 2] if latencies else None,
+        "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None,
+        "gateway_cpu_s": cpu,
+        "cpu_per_request_us": (1e6 * cpu / total) if cpu is not None else None,
+        "loadgen_cpu_per_request_us": 1e6 * own / total,
+        "peak_rss_mib": peak_rss_mib(pid) if pid else None,
+        "upstream_connections": accepted,
+    }
+    return row
 
 
 # --- orchestration ------------------------------------------------------------------
