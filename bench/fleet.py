@@ -6,11 +6,12 @@ Processes (all on loopback): two instant simulated engines, a Valkey server
 access log), and this process as the load generator (aiohttp, one keep-alive
 session). CPU is read from ``/proc`` (user + system, all threads) over the
 same window as the timed requests, each process once, and listed by role in
-the JSON (``bench/_gateway_cpu.py``): the gateway's figure is the supervisor
-plus each worker of ``--workers 2`` (its children, re-read at the start and
-end of every window), or the single process; the Valkey server's CPU is
-reported apart (``valkey``), since ``single`` uses none. Under ``--workers 2``
-each worker's responses in the window are read from its own metrics file.
+the JSON: the gateway's figure is the supervisor plus each worker of
+``--workers 2`` (its children, re-read at the start and end of every window),
+or the single process; the Valkey server's CPU is reported apart (``valkey``),
+since ``single`` uses none. Under ``--workers 2`` each worker's responses in
+the window are read from its own metrics file and must add up to the requests
+made.
 
 Targets: ``single`` (no ``state_url``), ``fleet`` (one member, ``state_url``
 set), ``workers2`` (``--workers 2`` sharing the Valkey server).
@@ -28,7 +29,8 @@ Measured, each in one run so the ratios compare like with like:
 
     python bench/fleet.py --requests 4096 --samples 2048 --failover-samples 20000
 
-Writes ``bench/results/fleet.json``; prints a table. The machine's cores are
+Writes ``bench/results/fleet.json``; prints a table. Which processes are
+counted, and how: ``bench/_gateway_cpu.py``. The machine's cores are
 shared by the engines, Valkey, the load generator and the gateway, so
 ``workers2`` is bounded by what is left of 2 cores, not by the gateway.
 """
