@@ -21,7 +21,7 @@ def sampling_client(gateway_lora: Server, **model: str) -> Any:
     import tinker
 
     service = tinker.ServiceClient(base_url=gateway_lora.url, api_key="tml-anything")
-    return service.create_sampling_client(**model)
+    return service.create_sampling_client(**model).result()
 
 
 def submit(client: Any, seed: int) -> Future[Any]:
