@@ -15,7 +15,7 @@ workloads each, engine caches and counters reset between runs:
   turns on 16 slots, keeps 4 sessions a slot, so the round's wall is set by
   the engines' work and its spread, as in such a batch. The earlier default,
   one round of 32 x 6 (``--agentic-rounds 1 --sessions 32 --turns 6``), ran
-  about 3.5 s and its walls moved by 25 % between runs;
+  about 3.5 s and its wall ratios moved by up to 25 % between runs;
 - ``grpo``: batches of Q groups of G identical prompts, each batch sent at
   once as separate requests (session id = group), group after group, one
   batch after another. A trainer's batch holds many groups per engine (a
