@@ -11,21 +11,30 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 CLI = "from trioforward.cli import main; main()"
 
 
-def test_demo_short_run_has_no_failures(tmp_path: Path) -> None:
+def run_demo(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``trioforward demo --duration 8 --burst 200 *args``: the finished process and its
+    JSON report, after asserting it exited 0 with no failed request."""
     out = tmp_path / "demo.json"
     done = subprocess.run(
-        [sys.executable, "-c", CLI, "demo", "--duration", "8", "--burst", "200", "--json", str(out)],
+        [sys.executable, "-c", CLI, "demo", *args, "--duration", "8", "--burst", "200",
+         "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=180,  # fail-safe only
-    )
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report: dict[str, Any] = json.loads(out.read_text())
     assert report["failures"] == 0, report["failure_examples"]
+    return done, report
+
+
+def test_demo_short_run_has_no_failures(tmp_path: Path) -> None:
+    done, report = run_demo(tmp_path)
     assert report["ok"] and all(report["checks"].values())
     requests = report["requests"]
     for api in ("openai completions", "openai chat", "openai stream", "tinker base", "tinker lora", "trainer (httpx)"):
@@ -47,17 +56,7 @@ def test_demo_short_run_has_no_failures(tmp_path: Path) -> None:
 
 def test_demo_with_two_workers_runs_one_fleet_with_no_failures(tmp_path: Path) -> None:
     # The gateway as `trioforward serve --workers 2` (a child process, a private Valkey).
-    out = tmp_path / "demo.json"
-    done = subprocess.run(
-        [sys.executable, "-c", CLI, "demo", "--workers", "2", "--duration", "8", "--burst", "200",
-         "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=180,  # fail-safe only
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert report["failures"] == 0, report["failure_examples"]
+    done, report = run_demo(tmp_path, "--workers", "2")
     assert report["ok"] and report["checks"]["every worker a fleet member"]
     fleet = report["scenario"]["fleet"]
     assert report["workers"] == fleet["workers"] == fleet["members"] == 2 and len(set(fleet["pids"])) == 2

@@ -1,5 +1,5 @@
-"""Helpers for the fleet tests: members of one fleet on a real Valkey, and waiting,
-tick by tick (no sleeping), until they see each other."""
+"""Helpers for the fleet tests: members of one fleet on a real Valkey, waiting, tick
+by tick (no sleeping), until they see each other, and the body of a Tinker sample."""
 
 from __future__ import annotations
 
@@ -7,6 +7,19 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from gateway_harness import Gateway, open_gateway
+
+PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [101, 7, 2048, 3]}]}
+
+
+def sample_body(session: str, seq: int, num_samples: int = 2) -> dict[str, Any]:
+    """The JSON body of ``POST /api/v1/asample`` for ``(session, seq)``: 8 tokens, seeded."""
+    return {
+        "sampling_session_id": session,
+        "seq_id": seq,
+        "num_samples": num_samples,
+        "prompt": PROMPT,
+        "sampling_params": {"max_tokens": 8, "seed": seq},
+    }
 
 
 async def open_members(

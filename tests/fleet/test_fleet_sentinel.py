@@ -12,13 +12,11 @@ import httpx
 import pytest
 import trio
 from click.testing import CliRunner
-from fleet_testing import open_members, until_members
+from fleet_testing import open_members, sample_body, until_members
 from gateway_harness import generation_requests, open_sim
 
 from trioforward._settings import Settings, SettingsError
 from trioforward._state_url import SentinelTarget, StateURLError, parse_sentinel_url, redact_url
-
-PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [101, 7, 2048, 3]}]}
 
 
 def test_sentinel_urls_parse_into_hosts_service_db_and_credentials() -> None:
@@ -88,16 +86,6 @@ async def test_the_client_asks_the_sentinels_for_the_primary_of_the_service() ->
         assert kwargs["stream_timeout"] == kwargs["connect_timeout"] == 0.5
 
 
-def _sample(session: str, seq: int) -> dict[str, Any]:
-    return {
-        "sampling_session_id": session,
-        "seq_id": seq,
-        "num_samples": 1,
-        "prompt": PROMPT,
-        "sampling_params": {"max_tokens": 8, "seed": seq},
-    }
-
-
 async def _submit_here_poll_there(a: httpx.AsyncClient, b: httpx.AsyncClient, seq: int) -> None:
     """One Tinker sample submitted on ``a`` and retrieved on ``b``: both members
     read and write the fleet's shared futures through the Sentinel's primary."""
@@ -105,7 +93,7 @@ async def _submit_here_poll_there(a: httpx.AsyncClient, b: httpx.AsyncClient, se
         "/api/v1/create_sampling_session",
         json={"session_id": f"s{seq}", "sampling_session_seq_id": 0, "base_model": "sim-base"},
     )).json()["sampling_session_id"]
-    issued = await a.post("/api/v1/asample", json=_sample(session, seq))
+    issued = await a.post("/api/v1/asample", json=sample_body(session, seq, num_samples=1))
     assert issued.status_code == 200, issued.text
     polled = await b.post("/api/v1/retrieve_future", json={"request_id": issued.json()["request_id"]})
     assert polled.status_code == 200, polled.text

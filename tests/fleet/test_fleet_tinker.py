@@ -14,14 +14,11 @@ from typing import Any
 
 import httpx
 import trio
-from fleet_testing import open_members, until_members
+from fleet_testing import open_members, sample_body, until_members
 from gateway_harness import generation_requests, open_sim
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server" / "tinker"))
 os.environ["TINKER_TELEMETRY"] = "0"
-
-PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [101, 7, 2048, 3]}]}
-
 
 async def _session(client: httpx.AsyncClient) -> str:
     response = await client.post(
@@ -30,16 +27,6 @@ async def _session(client: httpx.AsyncClient) -> str:
     )
     assert response.status_code == 200, response.text
     return str(response.json()["sampling_session_id"])
-
-
-def _sample(session: str, seq: int) -> dict[str, Any]:
-    return {
-        "sampling_session_id": session,
-        "seq_id": seq,
-        "num_samples": 2,
-        "prompt": PROMPT,
-        "sampling_params": {"max_tokens": 8, "seed": seq},
-    }
 
 
 async def test_submit_on_one_member_poll_on_another_and_resubmit_anywhere(
@@ -52,10 +39,10 @@ async def test_submit_on_one_member_poll_on_another_and_resubmit_anywhere(
         ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
         cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
         session = await _session(ca)
-        issued = (await ca.post("/api/v1/asample", json=_sample(session, 1))).json()
+        issued = (await ca.post("/api/v1/asample", json=sample_body(session, 1))).json()
         request_id = issued["request_id"]
         # A resubmit of the same (session, seq) on the other member: the same future.
-        again = await cb.post("/api/v1/asample", json=_sample(session, 1))
+        again = await cb.post("/api/v1/asample", json=sample_body(session, 1))
         assert again.status_code == 200 and again.json()["request_id"] == request_id
         on_b = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
         assert on_b.status_code == 200, on_b.text
@@ -88,7 +75,7 @@ async def test_pending_futures_of_a_member_that_left_answer_410(
                 await until_members([a, b], 2)
             async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca:
                 session = await _session(ca)
-                pending = (await ca.post("/api/v1/asample", json=_sample(session, 1))).json()
+                pending = (await ca.post("/api/v1/asample", json=sample_body(session, 1))).json()
             async with httpx.AsyncClient(base_url=b.url, timeout=30) as cb:
                 # Still pending on a live owner: B holds the poll, then 408.
                 held = await cb.post(
@@ -119,7 +106,7 @@ async def test_a_poll_held_for_a_member_that_leaves_answers_410_then_not_after_t
                     await until_members([a, b], 2)
                 async with httpx.AsyncClient(base_url=a.url, timeout=30) as ca:
                     session = await _session(ca)
-                    issued = await ca.post("/api/v1/asample", json=_sample(session, 1))
+                    issued = await ca.post("/api/v1/asample", json=sample_body(session, 1))
                 request_id = issued.json()["request_id"]
 
                 async def poll() -> None:
@@ -242,7 +229,7 @@ async def test_a_claim_that_outlived_its_request_is_run_not_left_dangling(
 
         async with coredis.Redis(unix_socket_path=str(valkey.socket)) as redis:
             await redis.set(fleet.keys.dedupe(session, "5"), dangling)
-        issued = await client.post("/api/v1/asample", json=_sample(session, 5))
+        issued = await client.post("/api/v1/asample", json=sample_body(session, 5))
         assert issued.json()["request_id"] == dangling
         polled = await client.post("/api/v1/retrieve_future", json={"request_id": dangling})
         assert polled.status_code == 200, polled.text

