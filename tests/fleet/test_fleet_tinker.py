@@ -234,3 +234,42 @@ async def test_a_claim_that_outlived_its_request_is_run_not_left_dangling(
         polled = await client.post("/api/v1/retrieve_future", json={"request_id": dangling})
         assert polled.status_code == 200, polled.text
         assert generation_requests(engine) == 1
+
+
+async def test_claims_and_results_survive_a_server_that_forgot_the_scripts(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    # Claims and results go out as Lua script calls (EVALSHA). A restarted or
+    # promoted server has no scripts loaded: the member loads them again
+    # (NOSCRIPT) and the sample is claimed, run once and readable elsewhere.
+    import hashlib
+
+    import coredis
+
+    from trioforward.fleet._futures import CLAIM_SCRIPT, WRITE_SCRIPT
+
+    shas = [hashlib.sha1(script.encode()).hexdigest() for script in (CLAIM_SCRIPT, WRITE_SCRIPT)]
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        a, b = await open_members(engine.url, valkey, fleet_name, stack)
+        with trio.fail_after(30):
+            await until_members([a, b], 2)
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        session = await _session(ca)
+        first = (await ca.post("/api/v1/asample", json=_sample(session, 1))).json()["request_id"]
+        assert (await cb.post("/api/v1/retrieve_future", json={"request_id": first})).status_code == 200
+        redis = await stack.enter_async_context(coredis.Redis(unix_socket_path=str(valkey.socket)))
+        assert await redis.script_exists(shas) == (True, True)
+        await redis.script_flush()
+        assert await redis.script_exists(shas) == (False, False)
+        issued = await ca.post("/api/v1/asample", json=_sample(session, 2))
+        assert issued.status_code == 200, issued.text
+        request_id = issued.json()["request_id"]
+        again = await cb.post("/api/v1/asample", json=_sample(session, 2))
+        assert again.status_code == 200 and again.json()["request_id"] == request_id
+        on_b = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        assert on_b.status_code == 200, on_b.text
+        on_a = await ca.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        assert on_b.content == on_a.content
+        assert generation_requests(engine) == 2  # each (session, seq) ran once
+        assert await redis.script_exists(shas) == (True, True)  # loaded again

@@ -6,10 +6,11 @@ adds what makes the future the fleet's (docs/fleet.md, "Tinker futures"):
 
 - **Dedupe.** ``(sampling_session_id, seq_id) -> request id`` is claimed with
   ``SET NX GET`` (Redis >= 7.0): the first member to claim a key runs the
-  sample, every resubmit anywhere gets the same id.
+  sample, every resubmit anywhere gets the same id. Claims made together go
+  out in one Lua script call (``EVALSHA``), not one command each.
 - **Results.** A finished result's bytes are written once, with the retention
   TTL, and a small *finished* marker with a longer TTL; ids finished in one
-  burst go out in one pipeline with one ``PUBLISH`` of their ids.
+  burst go out in one script call, which also publishes their ids (``PUBLISH``).
 - **Polls elsewhere.** A member asked for an id it does not hold reads the
   result from Redis; a pending one is waited for on the completion channel
   (one subscription per member) up to the poll hold.
@@ -17,6 +18,12 @@ adds what makes the future the fleet's (docs/fleet.md, "Tinker futures"):
   marker is there but the bytes are not) or when its owner is no longer a live
   member (it left or crashed: the SDK resubmits, nothing is lost). Ids that
   were never issued keep answering 404 (the local store recognises them).
+
+Batching into a script rather than a pipeline is for the gateway's CPU: the
+client builds and checks each pipelined command in Python (tens of µs a
+sample), a script call is built once per batch (docs/performance.md, fleet
+notes). All keys carry the fleet's hash tag, so on a Redis Cluster a script's
+keys share one slot.
 
 Request ids are ``tf-<epoch>-<n>``; ``<epoch>`` names the member that issued it.
 """
@@ -27,7 +34,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
-from coredis import PureToken
 
 from trioforward.fleet._redis import STATE_ERRORS
 
@@ -40,8 +46,31 @@ log = logging.getLogger("trioforward.fleet")
 
 # How much longer than the result the "it finished" marker lives.
 FINISHED_MARKER_FACTOR = 8
-# Results written per pipeline at most (bounds one round trip's size).
+# Results written per script call at most (bounds one round trip's size).
 MAX_BATCH = 256
+
+# KEYS: the dedupe keys; ARGV: the candidate id of each, then the TTL (ms).
+# Returns the id each key held before (false/nil where this call claimed it).
+CLAIM_SCRIPT = """
+local ttl = ARGV[#KEYS + 1]
+local previous = {}
+for i, key in ipairs(KEYS) do
+  previous[i] = redis.call('SET', key, ARGV[i], 'NX', 'GET', 'PX', ttl)
+end
+return previous
+"""
+
+# KEYS: result key, finished key of each id in turn; ARGV: each result's bytes,
+# then the result TTL (ms), the marker TTL (ms), the channel and the notice.
+WRITE_SCRIPT = """
+local count = #KEYS / 2
+for i = 1, count do
+  redis.call('SET', KEYS[2 * i - 1], ARGV[i], 'PX', ARGV[count + 1])
+  redis.call('SET', KEYS[2 * i], '1', 'PX', ARGV[count + 2])
+end
+redis.call('PUBLISH', ARGV[count + 3], ARGV[count + 4])
+return count
+"""
 
 
 class StateUnavailable(Exception):
@@ -79,6 +108,9 @@ class SharedFutures:
         self._waiters: dict[str, trio.Event] = {}
         self._claims: list[_Claim] = []
         self._claims_ready = trio.Event()
+        # Loaded on first use and again after a restart or failover (NOSCRIPT).
+        self._claim_script = fleet.redis.register_script(CLAIM_SCRIPT)
+        self._write_script = fleet.redis.register_script(WRITE_SCRIPT)
 
     # -- submitting ---------------------------------------------------------------
 
@@ -103,7 +135,7 @@ class SharedFutures:
         return slot.result
 
     async def run_claims(self) -> None:
-        """Send the queued claims, one pipeline of ``SET NX GET`` per batch, until
+        """Send the queued claims, one script call of ``SET NX GET`` per batch, until
         cancelled. Every claim of a batch gets its answer or its failure."""
         while True:
             await self._claims_ready.wait()
@@ -113,20 +145,12 @@ class SharedFutures:
                 continue
             try:
                 with trio.move_on_after(self._timeout) as scope:
-                    async with self._fleet.redis.pipeline(transaction=False) as pipe:
-                        replies = [
-                            pipe.set(
-                                slot.key,
-                                slot.request_id,
-                                condition=PureToken.NX,
-                                get=True,
-                                px=self._dedupe_ms,
-                            )
-                            for slot in batch
-                        ]
-                    for slot, reply in zip(batch, replies, strict=True):
-                        previous = await reply
-                        slot.result = None if previous is None else bytes(previous).decode()
+                    args: list[Any] = [slot.request_id for slot in batch]
+                    args.append(self._dedupe_ms)
+                    replies = await self._claim_script(keys=[slot.key for slot in batch], args=args)
+                    for slot, previous in zip(batch, replies, strict=True):
+                        # nil arrives as None (RESP2) or False (RESP3 from a Lua false).
+                        slot.result = bytes(previous).decode() if previous else None
                 if scope.cancelled_caught:
                     for slot in batch:
                         slot.failed = "shared state did not answer in time"
@@ -144,7 +168,7 @@ class SharedFutures:
         self._send.send_nowait((request_id, content_type.encode() + b"\n" + body))
 
     async def run(self) -> None:
-        """Write queued results, one pipeline per batch, until cancelled. A batch
+        """Write queued results, one script call per batch, until cancelled. A batch
         that fails (Redis away) is retried until it succeeds: a result is never
         dropped while this member lives (other members' polls wait or 408)."""
         while True:
@@ -159,13 +183,16 @@ class SharedFutures:
 
     async def _write(self, batch: list[tuple[str, bytes]]) -> bool:
         keys = self._keys
+        names: list[str] = []
+        args: list[Any] = []
+        for request_id, blob in batch:
+            names += (keys.result(request_id), keys.finished(request_id))
+            args.append(blob)
+        notice = " ".join(request_id for request_id, _ in batch)
+        args += (self._retention_ms, self._dedupe_ms, keys.done, notice)
         with trio.move_on_after(self._timeout):
             try:
-                async with self._fleet.redis.pipeline(transaction=False) as pipe:
-                    for request_id, blob in batch:
-                        pipe.set(keys.result(request_id), blob, px=self._retention_ms)
-                        pipe.set(keys.finished(request_id), b"1", px=self._dedupe_ms)
-                    pipe.publish(keys.done, b" ".join(r.encode() for r, _ in batch))
+                await self._write_script(keys=names, args=args)
                 return True
             except STATE_ERRORS:
                 return False
