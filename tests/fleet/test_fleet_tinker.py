@@ -256,16 +256,16 @@ async def test_claims_and_results_survive_a_server_that_forgot_the_scripts(
         ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
         cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
         session = await _session(ca)
-        first = (await ca.post("/api/v1/asample", json=_sample(session, 1))).json()["request_id"]
+        first = (await ca.post("/api/v1/asample", json=sample_body(session, 1))).json()["request_id"]
         assert (await cb.post("/api/v1/retrieve_future", json={"request_id": first})).status_code == 200
         redis = await stack.enter_async_context(coredis.Redis(unix_socket_path=str(valkey.socket)))
         assert await redis.script_exists(shas) == (True, True)
         await redis.script_flush()
         assert await redis.script_exists(shas) == (False, False)
-        issued = await ca.post("/api/v1/asample", json=_sample(session, 2))
+        issued = await ca.post("/api/v1/asample", json=sample_body(session, 2))
         assert issued.status_code == 200, issued.text
         request_id = issued.json()["request_id"]
-        again = await cb.post("/api/v1/asample", json=_sample(session, 2))
+        again = await cb.post("/api/v1/asample", json=sample_body(session, 2))
         assert again.status_code == 200 and again.json()["request_id"] == request_id
         on_b = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
         assert on_b.status_code == 200, on_b.text
