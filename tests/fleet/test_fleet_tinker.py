@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from fleet_testing import open_members, sample_body, until_members
 from gateway_harness import generation_requests, open_sim
@@ -273,3 +274,34 @@ async def test_claims_and_results_survive_a_server_that_forgot_the_scripts(
         assert on_b.content == on_a.content
         assert generation_requests(engine) == 2  # each (session, seq) ran once
         assert await redis.script_exists(shas) == (True, True)  # loaded again
+
+
+async def test_a_server_that_refuses_scripts_gets_pipelines_and_loses_nothing(
+    valkey: Any, fleet_name: str, fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An ACL without @scripting (or a service that disabled EVAL) answers NOPERM:
+    # the members send the same commands as pipelines and the futures stay the fleet's.
+    import coredis
+
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(coredis.Redis(unix_socket_path=str(valkey.socket)))
+        assert await redis.acl_setuser("default", "-@scripting")
+        a, b = await open_members(engine.url, valkey, fleet_name, stack)
+        with trio.fail_after(30):
+            await until_members([a, b], 2)
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        session = await _session(ca)
+        issued = await ca.post("/api/v1/asample", json=sample_body(session, 1))
+        assert issued.status_code == 200, issued.text
+        request_id = issued.json()["request_id"]
+        again = await cb.post("/api/v1/asample", json=sample_body(session, 1))
+        assert again.status_code == 200 and again.json()["request_id"] == request_id
+        on_b = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        assert on_b.status_code == 200, on_b.text
+        on_a = await ca.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        assert on_a.content == on_b.content
+        assert generation_requests(engine) == 1  # claimed once fleet-wide, run once
+        assert not a.state.fleet.futures.scripts and not b.state.fleet.futures.scripts
+    refused = [r for r in caplog.records if "refused a script" in r.getMessage()]
+    assert refused and all(r.levelname == "WARNING" for r in refused)

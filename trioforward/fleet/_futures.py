@@ -34,6 +34,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
+from coredis import PureToken
+from coredis.exceptions import AuthorizationError, UnknownCommandError
 
 from trioforward.fleet._redis import STATE_ERRORS
 
@@ -48,6 +50,11 @@ log = logging.getLogger("trioforward.fleet")
 FINISHED_MARKER_FACTOR = 8
 # Results written per script call at most (bounds one round trip's size).
 MAX_BATCH = 256
+
+# What a server that does not let this client run scripts answers (an ACL without
+# @scripting: NOPERM; a service that disabled EVAL: unknown command). The member
+# then sends the same commands as a pipeline (docs/fleet.md, "Tinker futures").
+SCRIPTS_REFUSED = (AuthorizationError, UnknownCommandError)
 
 # KEYS: the dedupe keys; ARGV: the candidate id of each, then the TTL (ms).
 # Returns the id each key held before (false/nil where this call claimed it).
@@ -111,6 +118,7 @@ class SharedFutures:
         # Loaded on first use and again after a restart or failover (NOSCRIPT).
         self._claim_script = fleet.redis.register_script(CLAIM_SCRIPT)
         self._write_script = fleet.redis.register_script(WRITE_SCRIPT)
+        self.scripts = True  # False once the server refused a script: pipelines from then on
 
     # -- submitting ---------------------------------------------------------------
 
@@ -145,9 +153,7 @@ class SharedFutures:
                 continue
             try:
                 with trio.move_on_after(self._timeout) as scope:
-                    args: list[Any] = [slot.request_id for slot in batch]
-                    args.append(self._dedupe_ms)
-                    replies = await self._claim_script(keys=[slot.key for slot in batch], args=args)
+                    replies = await self._send_claims(batch)
                     for slot, previous in zip(batch, replies, strict=True):
                         # nil arrives as None (RESP2) or False (RESP3 from a Lua false).
                         slot.result = bytes(previous).decode() if previous else None
@@ -160,6 +166,31 @@ class SharedFutures:
             finally:
                 for slot in batch:
                     slot.done.set()
+
+    async def _send_claims(self, batch: list[_Claim]) -> list[Any]:
+        """One script call for ``batch`` (or one pipeline where scripts are refused):
+        the id each key held before, ``None``/``False`` where this call claimed it."""
+        if self.scripts:
+            args: list[Any] = [slot.request_id for slot in batch]
+            args.append(self._dedupe_ms)
+            try:
+                return list(await self._claim_script(keys=[slot.key for slot in batch], args=args))
+            except SCRIPTS_REFUSED as exc:
+                self._refused(exc)
+        async with self._fleet.redis.pipeline(transaction=False) as pipe:
+            replies = [
+                pipe.set(slot.key, slot.request_id, condition=PureToken.NX, get=True, px=self._dedupe_ms)
+                for slot in batch
+            ]
+        return [await reply for reply in replies]
+
+    def _refused(self, exc: BaseException) -> None:
+        self.scripts = False
+        log.warning(
+            "the shared state refused a script (%s): Tinker futures go out as pipelines"
+            " from now on (more gateway CPU per sample; docs/fleet.md, \"Tinker futures\")",
+            type(exc).__name__,
+        )
 
     # -- finishing ----------------------------------------------------------------
 
@@ -192,7 +223,17 @@ class SharedFutures:
         args += (self._retention_ms, self._dedupe_ms, keys.done, notice)
         with trio.move_on_after(self._timeout):
             try:
-                await self._write_script(keys=names, args=args)
+                if self.scripts:
+                    try:
+                        await self._write_script(keys=names, args=args)
+                        return True
+                    except SCRIPTS_REFUSED as exc:
+                        self._refused(exc)
+                async with self._fleet.redis.pipeline(transaction=False) as pipe:
+                    for request_id, blob in batch:
+                        pipe.set(keys.result(request_id), blob, px=self._retention_ms)
+                        pipe.set(keys.finished(request_id), b"1", px=self._dedupe_ms)
+                    pipe.publish(keys.done, notice)
                 return True
             except STATE_ERRORS:
                 return False
