@@ -60,7 +60,7 @@ BENCHMARKS = (
     Bench("futures_scale", "131,072 outstanding Tinker futures", ()),
     Bench("prefix_routing", "Prefix routing vs least-outstanding, round-robin, session and smg", ()),
     Bench("fleet", "Fleet mode: state_url vs none, Redis vs memory futures, --workers 2 vs 1",
-          ("--sizes", "64,1024,8192", "--requests", "4096", "--samples", "2048", "--failover-samples", "20000")),
+          ("--sizes", "64,1024,8192", "--requests", "4096", "--samples", "8192", "--failover-samples", "20000")),
 )
 
 PACKAGES = ("trio", "h11", "hypercorn", "quart", "quart-trio", "httpx", "aiohttp", "numpy",
