@@ -27,7 +27,7 @@ Measured, each in one run so the ratios compare like with like:
   sample, one worker killed with SIGKILL halfway: samples lost, duplicates per
   ``(session, seq)`` counted on the engines, time to recover.
 
-    python bench/fleet.py --requests 4096 --samples 2048 --failover-samples 20000
+    python bench/fleet.py --requests 4096 --samples 8192 --failover-samples 20000
 
 Writes ``bench/results/fleet.json``; prints a table. Which processes are
 counted, and how: ``bench/_gateway_cpu.py``. The machine's cores are
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="64,1024", help="burst sizes")
     parser.add_argument("--requests", type=int, default=4096, help="OpenAI requests per size")
-    parser.add_argument("--samples", type=int, default=2048, help="Tinker samples per target")
+    parser.add_argument("--samples", type=int, default=8192, help="Tinker samples per target")
     parser.add_argument("--failover-samples", type=int, default=20000,
                         help="Tinker samples of the failover run (0: skip it; 20000 took 47 s on the shared 2-core machine)")
     parser.add_argument("--only-failover", action="store_true", help="run the failover part only")
