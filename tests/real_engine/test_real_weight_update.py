@@ -120,39 +120,37 @@ def test_keep_pause_freezes_and_every_request_completes(
     assert any(v is not None and v.endswith(", keep-1") for v in versions), versions
 
 
-def test_abort_and_replay_completes_every_request_from_one_version(
-    gateway_base: Server, vllm_base: Server
-) -> None:
+def _abort_update(gateway: Server, engine: Server, version: str) -> list[tuple[int, str | None]]:
+    """One abort+replay update; asserts the promise and returns ``(attempts, version)``
+    of the replayed requests (none when every request finished before the engine's
+    pause took effect)."""
     with httpx.Client(timeout=10) as http:
-        logged, before = len(_access(gateway_base)), _finished(http, vllm_base)
-        pause = {"engine_mode": "abort", "replay": True}
-        replies = _update(gateway_base, vllm_base, pause, "abort-1")
+        logged, before = len(_access(gateway)), _finished(http, engine)
+        replies = _update(gateway, engine, {"engine_mode": "abort", "replay": True}, version)
         versions = [r.headers.get("x-weight-version") for r in replies]
         # Never mixed: finished whole before the pause took effect (the previous
         # version, or none), or run (again) after the resume.
         assert all(v is None or "," not in v for v in versions), versions
-        assert len(set(versions) - {"abort-1"}) <= 1, versions
+        assert len(set(versions) - {version}) <= 1, versions
 
         # The gateway writes its access line just after the answer: wait for all N.
         deadline = time.monotonic() + 30
-        while len(_access(gateway_base)) < logged + N and time.monotonic() < deadline:
+        while len(_access(gateway)) < logged + N and time.monotonic() < deadline:
             time.sleep(0.05)
-        lines = _access(gateway_base)[logged:]
+        lines = _access(gateway)[logged:]
         assert len(lines) == N and all(status == 200 for status, _, _ in lines), lines
         replayed = [(a, v) for _, a, v in lines if a > 1]
-        assert replayed and all(a == 2 and v == "abort-1" for a, v in replayed), lines
+        assert all(a == 2 and v == version for a, v in replayed), lines
 
         # Engine side (vLLM updates its counters just after the answers): whatever its
         # abort pause ended itself (finish_reason "abort", one per sequence) was
         # replayed, and every request ran to its full length. A request the gateway
         # closed (one vLLM held instead of ending) is a hang-up to vLLM, which its
         # counters do not count: hence bounds, not equalities. How many vLLM ended
-        # itself depends on how fast its pause takes effect (all 16 were ended by
-        # vLLM in most runs, 3 in one; docs/operations.md): the gateway's promise
-        # holds either way, so the lower bound is 0, not one request.
+        # itself depends on how fast its pause takes effect (docs/operations.md).
         deadline = time.monotonic() + 30
         while True:
-            after = _finished(http, vllm_base)
+            after = _finished(http, engine)
             length = after.get("length", 0) - before.get("length", 0)
             if length >= N * SEQS or time.monotonic() > deadline:
                 break
@@ -162,6 +160,21 @@ def test_abort_and_replay_completes_every_request_from_one_version(
     closed = len(replayed) - aborted // SEQS
     assert N * SEQS <= length <= SEQS * (N + closed), (length, aborted, len(replayed))
     print(
-        f"\nabort+replay: {len(replayed)} of {N} replayed; vLLM ended {aborted:.0f} sequences"
-        f" (abort), completed {length:.0f} (length)"
+        f"\nabort+replay {version}: {len(replayed)} of {N} replayed; vLLM ended"
+        f" {aborted:.0f} sequences (abort), completed {length:.0f} (length)"
     )
+    return replayed
+
+
+def test_abort_and_replay_completes_every_request_from_one_version(
+    gateway_base: Server, vllm_base: Server
+) -> None:
+    # vLLM's abort pause can take seconds to take effect while its API server is
+    # busy (docs/operations.md): on a fast machine all 16 requests may finish whole
+    # before it does. The promise is asserted on every update; the update is made
+    # again (at most 3 times) until the pause caught requests running, so that
+    # their replay is exercised too.
+    for attempt in range(1, 4):
+        if _abort_update(gateway_base, vllm_base, f"abort-{attempt}"):
+            return
+    raise AssertionError("3 abort pauses in a row caught no request running: none replayed")
