@@ -18,11 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_probes import MODEL
 
 # N requests of SEQS sequences of 240 tokens (max_model_len 256 minus the 2-token
-# prompt: the longest a sequence can be). 128 sequences keep the engine busy for
-# seconds on 2 cores, so a pause sent once the engine decodes them lands while they
-# run. (16 single sequences finish in ~0.5 s: sooner than a client's thread pool
-# gets them all out on a busy machine and a poll comes back.)
-N, SEQS, MAX_TOKENS = 16, 8, 240
+# prompt: the longest a sequence can be), two waves behind the gateway's engine
+# capacity of 16: ~10 s of engine work on a quiet 2-core machine, more on a busy
+# one. That is longer than vLLM's API server may take to answer a /metrics poll or
+# a pause while it turns 128 running sequences into answers (seen: 3.6 s), so the
+# pause lands while requests run. (16 requests were too few on a quiet machine:
+# the first poll that saw decoding came back with 12-14 of them done.)
+N, SEQS, MAX_TOKENS = 32, 8, 240
 
 BODY = {
     "model": MODEL,
@@ -170,7 +172,7 @@ def test_abort_and_replay_completes_every_request_from_one_version(
     gateway_base: Server, vllm_base: Server
 ) -> None:
     # vLLM's abort pause can take seconds to take effect while its API server is
-    # busy (docs/operations.md): on a fast machine all 16 requests may finish whole
+    # busy (docs/operations.md): on a fast machine every request may finish whole
     # before it does. The promise is asserted on every update; the update is made
     # again (at most 3 times) until the pause caught requests running, so that
     # their replay is exercised too.
