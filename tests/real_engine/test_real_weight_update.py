@@ -17,14 +17,15 @@ from conftest import Server
 from prometheus_client.parser import text_string_to_metric_families
 from vllm_probes import MODEL
 
-# N requests of SEQS sequences of 240 tokens (max_model_len 256 minus the 2-token
-# prompt: the longest a sequence can be), two waves behind the gateway's engine
-# capacity of 16: ~10 s of engine work on a quiet 2-core machine, more on a busy
-# one. That is longer than vLLM's API server may take to answer a /metrics poll or
-# a pause while it turns 128 running sequences into answers (seen: 3.6 s), so the
-# pause lands while requests run. (16 requests were too few on a quiet machine:
-# the first poll that saw decoding came back with 12-14 of them done.)
-N, SEQS, MAX_TOKENS = 32, 8, 240
+# Requests of SEQS sequences of 240 tokens (max_model_len 256 minus the 2-token
+# prompt: the longest a sequence can be). The keep update sends N (128 sequences:
+# seconds of engine work, ~5 s on a quiet 2-core machine); the abort update sends
+# N_ABORT, two waves behind the gateway's engine capacity of 16 (~10 s): vLLM's API
+# server may answer a /metrics poll or a pause seconds late while it turns 128
+# running sequences into answers (seen: 3.6 s), and with 16 requests the abort
+# pause caught nothing in about half the runs on a quiet machine (the first poll
+# that saw decoding came back with 12-14 of them done).
+N, N_ABORT, SEQS, MAX_TOKENS = 16, 32, 8, 240
 
 BODY = {
     "model": MODEL,
@@ -83,17 +84,17 @@ def _wait_until_decoding(
 
 
 def _update(
-    gateway: Server, engine: Server, pause: dict[str, object], version: str
+    gateway: Server, engine: Server, pause: dict[str, object], version: str, n: int = N
 ) -> list[httpx.Response]:
     # The admin client is made before the load: one connection, no set-up per poll.
     with (
         httpx.Client(timeout=60) as admin,
-        ThreadPoolExecutor(N) as pool,
+        ThreadPoolExecutor(n) as pool,
         httpx.Client(timeout=300) as client,
     ):
         generated = _generated(admin, engine)
         url = gateway.url + "/v1/completions"
-        futures = [pool.submit(client.post, url, json=BODY) for _ in range(N)]
+        futures = [pool.submit(client.post, url, json=BODY) for _ in range(n)]
         _wait_until_decoding(admin, engine, generated, futures)
         paused = admin.post(gateway.url + "/admin/pause", json=pause)
         assert paused.status_code == 200, paused.text
@@ -128,19 +129,19 @@ def _abort_update(gateway: Server, engine: Server, version: str) -> list[tuple[i
     pause took effect)."""
     with httpx.Client(timeout=10) as http:
         logged, before = len(_access(gateway)), _finished(http, engine)
-        replies = _update(gateway, engine, {"engine_mode": "abort", "replay": True}, version)
+        replies = _update(gateway, engine, {"engine_mode": "abort", "replay": True}, version, N_ABORT)
         versions = [r.headers.get("x-weight-version") for r in replies]
         # Never mixed: finished whole before the pause took effect (the previous
         # version, or none), or run (again) after the resume.
         assert all(v is None or "," not in v for v in versions), versions
         assert len(set(versions) - {version}) <= 1, versions
 
-        # The gateway writes its access line just after the answer: wait for all N.
+        # The gateway writes its access line just after the answer: wait for all.
         deadline = time.monotonic() + 30
-        while len(_access(gateway)) < logged + N and time.monotonic() < deadline:
+        while len(_access(gateway)) < logged + N_ABORT and time.monotonic() < deadline:
             time.sleep(0.05)
         lines = _access(gateway)[logged:]
-        assert len(lines) == N and all(status == 200 for status, _, _ in lines), lines
+        assert len(lines) == N_ABORT and all(status == 200 for status, _, _ in lines), lines
         replayed = [(a, v) for _, a, v in lines if a > 1]
         assert all(a == 2 and v == version for a, v in replayed), lines
 
@@ -154,15 +155,15 @@ def _abort_update(gateway: Server, engine: Server, version: str) -> list[tuple[i
         while True:
             after = _finished(http, engine)
             length = after.get("length", 0) - before.get("length", 0)
-            if length >= N * SEQS or time.monotonic() > deadline:
+            if length >= N_ABORT * SEQS or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
     aborted = after.get("abort", 0) - before.get("abort", 0)
     assert 0 <= aborted <= SEQS * len(replayed), (aborted, len(replayed))
     closed = len(replayed) - aborted // SEQS
-    assert N * SEQS <= length <= SEQS * (N + closed), (length, aborted, len(replayed))
+    assert N_ABORT * SEQS <= length <= SEQS * (N_ABORT + closed), (length, aborted, len(replayed))
     print(
-        f"\nabort+replay {version}: {len(replayed)} of {N} replayed; vLLM ended"
+        f"\nabort+replay {version}: {len(replayed)} of {N_ABORT} replayed; vLLM ended"
         f" {aborted:.0f} sequences (abort), completed {length:.0f} (length)"
     )
     return replayed
