@@ -237,6 +237,22 @@ async def test_a_claim_that_outlived_its_request_is_run_not_left_dangling(
         assert generation_requests(engine) == 1
 
 
+async def _submit_on_a_resubmit_and_poll_on_both(
+    ca: httpx.AsyncClient, cb: httpx.AsyncClient, session: str, seq: int
+) -> None:
+    """``(session, seq)`` submitted on A and again on B (the same future), then
+    polled on both members: 200 and the same bytes."""
+    issued = await ca.post("/api/v1/asample", json=sample_body(session, seq))
+    assert issued.status_code == 200, issued.text
+    request_id = issued.json()["request_id"]
+    again = await cb.post("/api/v1/asample", json=sample_body(session, seq))
+    assert again.status_code == 200 and again.json()["request_id"] == request_id
+    on_b = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
+    assert on_b.status_code == 200, on_b.text
+    on_a = await ca.post("/api/v1/retrieve_future", json={"request_id": request_id})
+    assert on_a.content == on_b.content
+
+
 async def test_claims_and_results_survive_a_server_that_forgot_the_scripts(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
@@ -263,15 +279,7 @@ async def test_claims_and_results_survive_a_server_that_forgot_the_scripts(
         assert await redis.script_exists(shas) == (True, True)
         await redis.script_flush()
         assert await redis.script_exists(shas) == (False, False)
-        issued = await ca.post("/api/v1/asample", json=sample_body(session, 2))
-        assert issued.status_code == 200, issued.text
-        request_id = issued.json()["request_id"]
-        again = await cb.post("/api/v1/asample", json=sample_body(session, 2))
-        assert again.status_code == 200 and again.json()["request_id"] == request_id
-        on_b = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
-        assert on_b.status_code == 200, on_b.text
-        on_a = await ca.post("/api/v1/retrieve_future", json={"request_id": request_id})
-        assert on_b.content == on_a.content
+        await _submit_on_a_resubmit_and_poll_on_both(ca, cb, session, 2)
         assert generation_requests(engine) == 2  # each (session, seq) ran once
         assert await redis.script_exists(shas) == (True, True)  # loaded again
 
@@ -292,15 +300,7 @@ async def test_a_server_that_refuses_scripts_gets_pipelines_and_loses_nothing(
         ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
         cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
         session = await _session(ca)
-        issued = await ca.post("/api/v1/asample", json=sample_body(session, 1))
-        assert issued.status_code == 200, issued.text
-        request_id = issued.json()["request_id"]
-        again = await cb.post("/api/v1/asample", json=sample_body(session, 1))
-        assert again.status_code == 200 and again.json()["request_id"] == request_id
-        on_b = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
-        assert on_b.status_code == 200, on_b.text
-        on_a = await ca.post("/api/v1/retrieve_future", json={"request_id": request_id})
-        assert on_a.content == on_b.content
+        await _submit_on_a_resubmit_and_poll_on_both(ca, cb, session, 1)
         assert generation_requests(engine) == 1  # claimed once fleet-wide, run once
         assert not a.state.fleet.futures.scripts and not b.state.fleet.futures.scripts
     refused = [r for r in caplog.records if "refused a script" in r.getMessage()]
