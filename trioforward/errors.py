@@ -28,6 +28,7 @@ __all__ = [
     "NoEngineAvailable",
     "AdapterLoadError",
     "DispatchAborted",
+    "ShuttingDown",
     "EngineControlError",
 ]
 
@@ -147,6 +148,18 @@ class DispatchAborted(TrioforwardError):
 
     status = 503
     code = "aborted"
+
+
+class ShuttingDown(TrioforwardError):
+    """The gateway is draining (or the client was closed) and the request was never
+    dispatched: it was still QUEUED when the drain's cutoff came, waited for an
+    engine while none could serve it during the drain, or arrived after the
+    cutoff. No engine ran it, so it is safe to send again (to another gateway, or
+    after the restart). 503 with ``Retry-After`` (docs/server.md, "Shutdown";
+    docs/embedding.md, "Closing the client")."""
+
+    status = 503
+    code = "shutting_down"
 
 
 class EngineControlError(TrioforwardError):

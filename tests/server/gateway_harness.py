@@ -20,6 +20,7 @@ from trioforward.server._serve import hypercorn_config
 class Gateway:
     url: str
     app: Any
+    stop: trio.Event  # set: the shutdown trigger (SIGTERM's part), the drain begins
 
     @property
     def state(self) -> GatewayState:
@@ -53,7 +54,7 @@ async def open_gateway(
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(start)
         try:
-            yield Gateway(binds[0], app)
+            yield Gateway(binds[0], app, stop)
         finally:
             stop.set()
 

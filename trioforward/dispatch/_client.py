@@ -328,6 +328,14 @@ class Client(PauseGate):
         (docs/server.md, "Headers passed on"). Sets ``error.retry_after`` too."""
         return self._dispatcher._hinted(error).retry_after
 
+    def begin_drain(self, cutoff: float, reason: str = "the gateway is shutting down") -> None:
+        """End the QUEUED phase by ``cutoff`` (``trio.current_time()`` clock, s): a
+        request still QUEUED then, or queued later, raises :class:`~trioforward.errors.ShuttingDown`
+        (503, ``reason`` opens its message); one waiting for an engine while none can
+        serve it (all ejected or removed) raises it at once. Dispatched requests are
+        untouched (docs/embedding.md, "Closing the client"). An earlier cutoff wins."""
+        self._dispatcher.drain.begin(cutoff, reason)
+
     # -- introspection ---------------------------------------------------------------
 
     def statistics(self) -> ClientStatistics:
@@ -357,8 +365,10 @@ async def open_client(
 
     ``engines`` (base URLs) replace ``settings.engines``; ``knob_overrides`` are
     any :class:`Settings` fields (validated; raises ``SettingsError``). On exit the
-    health probes stop and idle connections close; requests still running in
-    other tasks must have finished (they belong to their callers' nurseries).
+    health probes stop and idle connections close; a request still QUEUED in
+    another task, or sent after the exit, raises :class:`~trioforward.errors.ShuttingDown`
+    (``client.begin_drain(now)``; docs/embedding.md, "Closing the client"); a
+    request already dispatched in another task runs on to its end.
     """
     settings = settings if settings is not None else Settings()
     if knob_overrides:
@@ -384,4 +394,5 @@ async def open_client(
         try:
             yield client
         finally:
+            client.begin_drain(trio.current_time(), "the client was closed")
             nursery.cancel_scope.cancel()

@@ -34,6 +34,7 @@ import trio
 from trioforward import Phase, Settings
 from trioforward.dispatch._adapters import AdapterLoader
 from trioforward.dispatch._budget import RetryBudget
+from trioforward.dispatch._drain import Drain
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._hint import retry_after_hint
 from trioforward.dispatch._outcome import Reply, gateway_error, retry_after
@@ -107,6 +108,7 @@ class Dispatcher:
         self.weight_version: str | None = None
         # Moving mean (s) of one dispatch's engine time: for Retry-After hints.
         self.engine_time_avg = 0.0
+        self.drain = Drain(registry)  # ends QUEUED waits on shutdown (_drain.py)
 
     def _hinted(self, error: TrioforwardError) -> TrioforwardError:
         """``error`` with its ``retry_after`` set (the gateway's own 429/503)."""
@@ -237,6 +239,7 @@ class Dispatcher:
                 registry=self.registry,
                 router=self.router,
                 unhealthy_timeout=self.unhealthy_timeout,
+                drain=self.drain,
             )
         except BaseException:
             req.queue_time += trio.current_time() - t0

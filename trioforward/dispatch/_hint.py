@@ -19,6 +19,7 @@ from trioforward.errors import (
     NoEngineAvailable,
     QueueFull,
     QueueTimeout,
+    ShuttingDown,
     TrioforwardError,
 )
 
@@ -46,7 +47,9 @@ def retry_after_hint(
     - no engine / aborted by a pause: how long the pause has lasted so far (a
       weight update that took X s is about X s from done); no healthy engine:
       the health probes' time to re-admit one (``health_interval`` ×
-      ``health_successes``); no engine registered or an engine removed: 1 s.
+      ``health_successes``); no engine registered or an engine removed: 1 s;
+    - shutting down (a queued request the drain ended): 1 s — the request
+      should go to another gateway, or to this one once it is back.
 
     O(engines); called only on the error path.
     """
@@ -57,6 +60,8 @@ def retry_after_hint(
                 capacity += engine.capacity if engine.capacity > 0 else math.inf
         per_slot = outstanding / capacity if capacity > 0 else 1.0
         return _seconds(engine_time * max(1.0, per_slot))
+    if isinstance(error, ShuttingDown):
+        return 1
     if not isinstance(error, (NoEngineAvailable, DispatchAborted)):
         return None
     engines = registry.engines

@@ -5,12 +5,15 @@ docs/dispatch.md, "Prefix routing").
 The attempt loop (``Dispatcher._dispatch`` in ``_dispatch.py``) calls
 :func:`acquire` each time a request queues (first, and again after moving to
 another engine) and :func:`conserve` each time it gives an engine's capacity back.
+A drain (``_drain.py``) ends the waits of :func:`acquire` with
+:class:`ShuttingDown`.
 """
 
 from __future__ import annotations
 
 import trio
 
+from trioforward.dispatch._drain import Drain
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._request import Request
 from trioforward.dispatch._routing import Router
@@ -28,6 +31,7 @@ async def acquire(
     registry: Registry,
     router: Router,
     unhealthy_timeout: float | None,
+    drain: Drain,
 ) -> tuple[Engine, float]:
     """Route ``req`` and wait for that engine's capacity.
 
@@ -35,12 +39,16 @@ async def acquire(
     there was no wait: the clock is read only when time can have passed).
 
     Raises :class:`NoEngineAvailable` (none registered, or none eligible when
-    ``queue_deadline`` passes) or :class:`QueueTimeout`.
+    ``queue_deadline`` passes), :class:`QueueTimeout`, or :class:`ShuttingDown`
+    when ``drain`` ends the wait (module ``_drain``: at its cutoff, or at once
+    when no engine can serve the request).
     """
     woken = False
     waited = False
     unhealthy_since: float | None = None
     while True:
+        if drain.over():
+            raise drain.refusal()
         engine = req.moved_to
         req.moved_to = None
         if engine is None or not engine.eligible:
@@ -64,11 +72,18 @@ async def acquire(
             message = f"no healthy engine ({len(registry.engines)} registered) before {why} passed"
             if trio.current_time() >= deadline:
                 raise NoEngineAvailable(message)
+            if drain.draining and drain.hopeless():
+                if woken:
+                    registry.wake()  # the next parked request meets the same answer
+                raise drain.refusal()
             waited = True
-            with trio.CancelScope(deadline=deadline):
-                await registry.wait_eligible()
+            with trio.CancelScope(deadline=min(deadline, drain.cutoff)) as wait:
+                with drain.bounding(wait, for_engine=True):
+                    await registry.wait_eligible()
                 woken = True
                 continue
+            if drain.draining:
+                continue  # the drain may have ended the wait: the checks above decide
             raise NoEngineAvailable(message)
         if woken:
             registry.wake()  # hand the wake-up on: parked requests leave in FIFO order
@@ -83,11 +98,11 @@ async def acquire(
                     "engine capacity not available before queue_timeout", engine=engine.url
                 ) from None
             req.rerouted = False
-            scope = req.queue_scope = trio.CancelScope(deadline=queue_deadline)
+            scope = req.queue_scope = trio.CancelScope(deadline=min(queue_deadline, drain.cutoff))
             engine.queued += 1
             engine.waiters[req] = None
             try:
-                with scope:
+                with scope, drain.bounding(scope, for_engine=False):
                     await limiter.acquire_on_behalf_of(req)
             finally:
                 engine.queued -= 1
@@ -96,6 +111,8 @@ async def acquire(
             if scope.cancelled_caught:
                 if req.rerouted:
                     continue  # paused/ejected/removed while we queued: route again
+                if drain.over():
+                    raise drain.refusal() from None
                 raise QueueTimeout(
                     "engine capacity not available before queue_timeout", engine=engine.url
                 ) from None

@@ -10,6 +10,10 @@ given trigger) and then drains: the listening sockets close at once, idle
 keep-alive connections are closed, in-flight requests get ``shutdown_grace``
 seconds to finish, then every remaining connection is cancelled (its forward too,
 so its engine aborts the work) and the app's shutdown closes the dispatch client.
+A request still QUEUED when the grace is about to end (:func:`answer_margin`
+before it), or waiting for an engine while none can serve it, is answered 503
+``shutting_down`` with ``Retry-After`` (``Client.begin_drain``; docs/server.md,
+"Shutdown").
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from hypercorn.utils import wrap_app
 
 from trioforward import Settings
 from trioforward.server import _gc
+from trioforward.server._state import STATE_KEY
 from trioforward.server._worker import worker_serve
 
 __all__ = [
     "hypercorn_config", "serve", "listen", "somaxconn", "raise_open_files_limit", "tune_gc",
+    "answer_margin",
 ]
 
 log = logging.getLogger("trioforward.server")
@@ -140,6 +146,25 @@ async def _signalled() -> None:
             return
 
 
+def answer_margin(grace: float) -> float:
+    """Seconds before the end of ``shutdown_grace`` at which requests still QUEUED are
+    answered 503 ``shutting_down``: a tenth of the grace, at most 1 s — time for the
+    answers to be written before the remaining connections are cancelled."""
+    return min(1.0, 0.1 * grace)
+
+
+def _drain_queue(app: Any, grace: float) -> Callable[[float], None]:
+    """``on_drain`` of :func:`worker_serve`: the app's dispatch client ends its queue
+    :func:`answer_margin` before the connections are cancelled."""
+
+    def begin(deadline: float) -> None:
+        state = getattr(app, "extensions", {}).get(STATE_KEY)
+        if state is not None:  # not started (or another app): nothing is queued
+            state.client.begin_drain(deadline - answer_margin(grace))
+
+    return begin
+
+
 async def serve(
     app: Any,
     settings: Settings,
@@ -149,7 +174,8 @@ async def serve(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serves ``app`` until ``shutdown_trigger()`` returns (default: SIGTERM or SIGINT),
-    then drains as described above and returns normally.
+    then drains as described above (a gateway app's queued requests answered 503
+    ``shutting_down``) and returns normally.
 
     ``task_status.started()`` gets the bound URLs (``["http://127.0.0.1:8000"]``);
     ``bind="127.0.0.1:0"`` picks a free port.
@@ -159,5 +185,6 @@ async def serve(
         wrap_app(app, config.wsgi_max_body_size, "asgi"),
         config,
         shutdown_trigger=shutdown_trigger or _signalled,
+        on_drain=_drain_queue(app, config.graceful_timeout),
         task_status=task_status,
     )

@@ -35,6 +35,7 @@ async def worker_serve(
     config: Config,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    on_drain: Callable[[float], None] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``config``'s plain-TCP binds until ``shutdown_trigger()`` returns.
@@ -42,7 +43,9 @@ async def worker_serve(
     Order of events: the ASGI lifespan starts (the app opens its dispatch
     client); ``task_status.started(binds)`` reports the ``http://host:port``
     URLs; on the trigger (or Hypercorn's own terminate event) accepting stops,
-    idle keep-alive connections close at once, in-flight requests get
+    idle keep-alive connections close at once, ``on_drain(deadline)`` is called
+    with the time (``trio.current_time()`` clock) at which the remaining
+    connections will be cancelled, in-flight requests get
     ``config.graceful_timeout`` seconds, and then the lifespan shuts down.
     """
     config.set_statsd_logger_class(StatsdLogger)
@@ -57,6 +60,7 @@ async def worker_serve(
             config,
             context,
             shutdown_trigger,
+            on_drain,
             task_status,
         )
         await lifespan.wait_for_shutdown()
@@ -68,6 +72,7 @@ async def _serve_connections(
     config: Config,
     context: WorkerContext,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    on_drain: Callable[[float], None] | None,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     listeners: list[BurstListener] = []
@@ -98,7 +103,10 @@ async def _serve_connections(
             await context.terminated.set()  # new requests on open connections are refused
             for server in list(idle):
                 server.set_read_deadline(-inf)  # idle keep-alive connections close now
-            connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+            deadline = trio.current_time() + config.graceful_timeout
+            if on_drain is not None:
+                on_drain(deadline)  # the app answers what would not be served by then
+            connections.cancel_scope.deadline = deadline
 
 
 async def _first_of(*waits: Callable[[], Awaitable[object]]) -> None:

@@ -98,17 +98,27 @@ def _retrieve(call: Call) -> Awaitable[None]:
     except FutureGone:
         if state.shared is not None and not state.store.is_own(request_id):
             return _fleet.retrieve(state, request_id, call)  # another member's future
-        raise RequestError(
-            410, f"future {request_id!r} is no longer held; resubmit", code="gone"
-        ) from None
+        raise _gone(request_id) from None
     return _deliver(state, future, call)
 
 
+def _gone(request_id: str) -> RequestError:
+    return RequestError(410, f"future {request_id!r} is no longer held; resubmit", code="gone")
+
+
 async def _deliver(state: TinkerState, future: Future, call: Call) -> None:
-    """Hold a pending ``future`` (408 past the hold), then send its stored bytes,
-    with ``X-Weight-Version`` when the weights that produced them had a version."""
+    """Hold a pending ``future`` (408 past the hold; 410 if the drain abandons it
+    meanwhile), then send its stored bytes, with ``X-Weight-Version`` when the
+    weights that produced them had a version."""
     if future.state == PENDING:
-        done = await state.store.wait(future.request_id)
+        try:
+            done = await state.store.wait(future.request_id)
+        except FutureGone:
+            err = _gone(future.request_id)
+            call.log.status = err.status
+            call.log.complete = True
+            await respond(call.send, err.status, err.body())
+            return
         if done is None:
             call.log.complete = True
             await respond(call.send, 408, TRY_AGAIN)

@@ -16,6 +16,9 @@ What the SDK does (``tinker/lib/api_future_impl.py``, ``retry_handler.py``,
   (404). Issued ids are recognised without remembering them: an id is
   ``"tf-<epoch>-<n>"`` with ``n`` below the issue counter. An id of another epoch
   (an earlier gateway process) is gone, not unknown: the SDK then resubmits.
+- A sample the gateway's drain ended before any engine ran it
+  (:meth:`FutureStore.abandon`) is dropped: its id answers 410, held polls
+  included, so the SDK resubmits it (docs/tinker.md, "Futures").
 - Memory is bounded: at most ``max_retained`` finished results are kept (oldest
   delivered evicted first, then oldest undelivered) and at most
   ``max_outstanding`` samples are unfinished (:class:`StoreFull`, 429, beyond).
@@ -224,6 +227,17 @@ class FutureStore:
             future.event = None
         self._enforce_limit()
 
+    def abandon(self, future: Future) -> None:
+        """Drop a pending ``future`` that will never run (the drain ended it while
+        QUEUED): its id answers 410 from now on and its held polls wake to that."""
+        if future.state != PENDING:
+            return
+        self._outstanding -= 1
+        self._evict(future)
+        if future.event is not None:
+            future.event.set()
+            future.event = None
+
     # -- retrieval -----------------------------------------------------------
     def get(self, request_id: str) -> Future:
         """The held future. Raises :class:`FutureGone` or :class:`FutureUnknown`."""
@@ -238,7 +252,8 @@ class FutureStore:
 
         Returns ``None`` if it is still pending then. Cancelling the wait (the
         client went away) changes nothing for the sample, which keeps running.
-        Raises :class:`FutureGone` or :class:`FutureUnknown`.
+        Raises :class:`FutureGone` (also when it is abandoned meanwhile) or
+        :class:`FutureUnknown`.
         """
         future = self.get(request_id)
         if future.state == PENDING:
@@ -248,6 +263,8 @@ class FutureStore:
                 await future.event.wait()
             if future.state == PENDING:
                 return None
+            if future.state == EVICTED:
+                raise FutureGone(request_id)
         return future
 
     def mark_delivered(self, future: Future) -> None:

@@ -89,7 +89,9 @@ async def run_sample(
     """Forward one sample and encode its outcome: ``(body, content type, weight
     version)``, the version being the engine answer's ``X-Weight-Version``
     (``None`` when no answer came or no version was recorded; docs/operations.md).
-    Never raises (except Cancelled).
+    Raises only ``Cancelled`` and :class:`~trioforward.errors.ShuttingDown` (the
+    drain ended the sample while QUEUED: no engine ran it, and the SDK is to
+    resubmit it rather than fail it; :meth:`SampleRunner` abandons its future).
 
     ``metrics`` (the server's ``Metrics``, optional) observes the forward's
     status, queue wait and engine time, like any OpenAI-path request.
@@ -98,7 +100,7 @@ async def run_sample(
     request (bad parameters, unknown model), except 408/429 (capacity); anything
     else (5xx, gateway-level dispatch failures, bad bodies) is "server".
     """
-    from trioforward.errors import TrioforwardError
+    from trioforward.errors import ShuttingDown, TrioforwardError
 
     try:
         response = await client.post(
@@ -113,6 +115,8 @@ async def run_sample(
             metrics.observe(
                 METRICS_ROUTE, err.status, queue_time=err.queue_time, engine_time=err.engine_time
             )
+        if isinstance(err, ShuttingDown):
+            raise
         return encode_error(f"{type(err).__name__}: {err.message}", "server"), JSON, None
     except Exception as err:  # a bug must fail one sample, not the server's nursery
         log.exception("tinker sample failed")
@@ -176,10 +180,17 @@ class SampleRunner:
         return self._workers
 
     async def _worker(self) -> None:
+        from trioforward.errors import ShuttingDown
+
         try:
             while self._queue:
                 future, job = self._queue.popleft()
-                body, content_type, version = await run_sample(self.client, job, self.metrics)
+                try:
+                    body, content_type, version = await run_sample(self.client, job, self.metrics)
+                except ShuttingDown:
+                    # Never ran: its polls answer 410 and the SDK resubmits it.
+                    self.store.abandon(future)
+                    continue
                 self.store.resolve(future, body, content_type, version)
                 self.completed_total += 1
         finally:
