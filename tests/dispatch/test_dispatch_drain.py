@@ -146,3 +146,25 @@ async def test_a_drain_keeps_a_capacity_queue_until_its_cutoff(
                     assert "the gateway is shutting down" in outcomes["queued"].message
                     nursery.cancel_scope.cancel()  # the long one need not run out
         assert completions(engine) == (2 if queued_outcome == 200 else 1)
+
+
+async def test_a_drain_keeps_a_request_waiting_for_a_paused_engine_until_its_cutoff(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A weight-update pause may end within the grace: unlike an ejected fleet,
+    # the wait is not hopeless, so the request keeps waiting until the cutoff.
+    outcomes = Outcomes()
+    async with open_engine() as engine:
+        async with client_for(engine) as client:
+            await client.pause()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_send, client, outcomes, "queued", 4)
+                await _until_queued(client, 1)
+                cutoff = trio.current_time() + 10.0
+                client.begin_drain(cutoff)
+                with trio.fail_after(60):
+                    err = await outcomes.wait("queued")
+                assert trio.current_time() == pytest.approx(cutoff, abs=0.01)
+            _assert_shutting_down(err)
+            await client.resume()
+        assert completions(engine) == 0

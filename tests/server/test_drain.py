@@ -93,12 +93,13 @@ async def test_a_request_queued_for_capacity_is_answered_just_before_the_grace_e
                     await engine.stats.wait_for(lambda s: s.running == 1)
                 nursery.start_soon(replies.send, gw.url, "queued", BODY)
                 await _until_queued(gw, 1)
+                client = gw.state.client
                 drain_start = trio.current_time()
                 gw.stop.set()  # SIGTERM
                 with trio.fail_after(GRACE + 5):
                     queued = await replies.wait("queued")
                     running = await replies.wait("running")
-            assert gw.state.client.statistics().queued == 0
+            assert client.statistics().queued == 0
         if queued_served:
             assert isinstance(queued, httpx.Response) and queued.status_code == 200
             assert isinstance(running, httpx.Response) and running.status_code == 200
@@ -132,8 +133,9 @@ def _dead_engine() -> Iterator[str]:
         sock.close()
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_request_waiting_for_an_ejected_engine_is_answered_when_the_drain_starts(
-    autojump_clock: trio.testing.MockClock, fd_baseline: int
+    stream: bool, autojump_clock: trio.testing.MockClock, fd_baseline: int
 ) -> None:
     # The reported case: the only engine is down and ejected, a request waits for
     # it (up to unhealthy_timeout, 60 s) when SIGTERM comes. Nothing in the grace
@@ -146,7 +148,7 @@ async def test_a_request_waiting_for_an_ejected_engine_is_answered_when_the_drai
                 first = await replies.wait("first")
                 assert isinstance(first, httpx.Response) and first.status_code == 502, first
                 assert not gw.state.client.engines.list()[0].healthy
-                nursery.start_soon(replies.send, gw.url, "queued", BODY)
+                nursery.start_soon(replies.send, gw.url, "queued", {**BODY, "stream": stream})
                 await _until_queued(gw, 1)
                 drain_start = trio.current_time()
                 gw.stop.set()
