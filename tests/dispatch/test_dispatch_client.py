@@ -6,10 +6,10 @@ import numpy as np
 import orjson
 import pytest
 import trio
-from dispatch_testing import COMPLETION, body, client_for, completions
+from dispatch_testing import COMPLETION, FAST, body, client_for, completions
 
-from trioforward import SettingsError
-from trioforward.errors import DispatchTimeout, EngineRejected
+from trioforward import SettingsError, open_client
+from trioforward.errors import DispatchTimeout, EngineConnectError, EngineRejected
 from trioforward.http import Phase
 from trioforward.sim import expected_completion, expected_prompt_logprobs, open_engine
 
@@ -186,3 +186,32 @@ async def test_settings_overrides_validated() -> None:
     with pytest.raises(SettingsError, match="routing"):
         async with client_for(routing="random"):
             pass
+
+
+async def test_an_error_in_the_client_block_comes_out_as_itself(fd_baseline: int) -> None:
+    # The client's own nursery (health probes) must not wrap the caller's error in an
+    # ExceptionGroup: `except EngineRejected` around the block has to catch it.
+    async with open_engine() as engine:
+        with pytest.raises(EngineRejected) as info:
+            async with open_client(engines=[engine.url], **FAST) as client:
+                await client.complete(model="nope", prompt=[1], max_tokens=2)
+        assert info.value.status == 404 and completions(engine) == 1
+        await engine.stop_listening()
+        with pytest.raises(EngineConnectError) as connect:
+            async with open_client(engines=[engine.url], **FAST) as client:
+                await client.complete(model="sim-base", prompt=[1], max_tokens=2)
+        assert connect.value.phase == Phase.CONNECT and completions(engine) == 1
+
+
+async def test_an_error_in_the_engine_block_comes_out_as_itself(fd_baseline: int) -> None:
+    with pytest.raises(KeyError):
+        async with open_engine():
+            raise KeyError("from the caller")
+
+
+async def test_engines_given_as_one_string_are_comma_separated(fd_baseline: int) -> None:
+    async with open_engine() as a, open_engine() as b:
+        async with open_client(engines=f"{a.url},{b.url}", **FAST) as client:
+            assert sorted(e.url for e in client.engines.list()) == sorted([a.url, b.url])
+            c = await client.complete(model="sim-base", prompt=[1], max_tokens=2)
+        assert c.engine in (a.url, b.url)

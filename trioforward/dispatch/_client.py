@@ -13,6 +13,7 @@ import orjson
 import trio
 
 from trioforward import Phase, Settings
+from trioforward._background import open_background_nursery
 from trioforward.codec import Completion, decode_completion
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
@@ -363,18 +364,21 @@ async def open_client(
 ) -> AsyncIterator[Client]:
     """``async with open_client(engines=[...], settings=..., **knobs) as client:``
 
-    ``engines`` (base URLs) replace ``settings.engines``; ``knob_overrides`` are
+    ``engines`` (base URLs; one string is read as ``TRIOFORWARD_ENGINES`` is,
+    comma-separated) replace ``settings.engines``; ``knob_overrides`` are
     any :class:`Settings` fields (validated; raises ``SettingsError``). On exit the
     health probes stop and idle connections close; a request still QUEUED in
     another task, or sent after the exit, raises :class:`~trioforward.errors.ShuttingDown`
     (``client.begin_drain(now)``; docs/embedding.md, "Closing the client"); a
     request already dispatched in another task runs on to its end.
+    An exception raised in the block comes out as itself, not inside an
+    ``ExceptionGroup`` (docs/embedding.md).
     """
     settings = settings if settings is not None else Settings()
     if knob_overrides:
         settings = settings.replace(**knob_overrides)
     if engines is not None:
-        settings = settings.replace(engines=tuple(engines))
+        settings = settings.replace(engines=engines if isinstance(engines, str) else tuple(engines))
     async with (
         open_pool(
             max_connections=settings.connections_per_engine,
@@ -386,7 +390,7 @@ async def open_client(
             idle_expiry=settings.idle_expiry,
             connect_timeout=settings.health_timeout,
         ) as control,
-        trio.open_nursery() as nursery,
+        open_background_nursery() as nursery,
     ):
         client = Client(settings, pool, control, nursery)
         for url in settings.engines:
@@ -395,4 +399,3 @@ async def open_client(
             yield client
         finally:
             client.begin_drain(trio.current_time(), "the client was closed")
-            nursery.cancel_scope.cancel()

@@ -6,8 +6,7 @@ from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TypedDict, Unpack
 
-import trio
-
+from trioforward._background import open_background_nursery
 from trioforward.sim._engine import SimEngine
 
 __all__ = ["EngineOptions", "open_engine", "open_fleet"]
@@ -67,13 +66,10 @@ async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngi
     On exit every connection is closed and background work is cancelled.
     Raises ``OSError`` if the port cannot be bound.
     """
-    async with trio.open_nursery() as nursery:
+    async with open_background_nursery() as nursery:
         engine = SimEngine(nursery, **options)
         await engine.start_listening()
-        try:
-            yield engine
-        finally:
-            nursery.cancel_scope.cancel()
+        yield engine
 
 
 @asynccontextmanager
