@@ -162,3 +162,29 @@ def test_serve_accepts_the_deprecated_flag(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.warns(FutureWarning, match="max_queued"):
         result = CliRunner().invoke(_cli.serve, ["--max-queued", "11"])
     assert result.exit_code == 0 and seen == [11]
+
+
+def test_a_misspelt_knob_names_the_nearest_one(tmp_path: Any) -> None:
+    with pytest.raises(SettingsError, match=r"unknown setting; did you mean 'dispatch_timeout'\?"):
+        Settings().replace(dispach_timeout=3)
+    path = tmp_path / "gateway.toml"
+    path.write_text("engine_capasity = 4\n")
+    with pytest.raises(SettingsError, match=r"did you mean 'engine_capacity'\?") as info:
+        Settings.load(config_file=path, environ={})
+    assert info.value.knob == "engine_capasity"
+
+
+def test_a_knob_outside_the_trioforward_table_is_refused(tmp_path: Any) -> None:
+    # With a [trioforward] table, only it is read: a knob left at the top level was
+    # silently dropped (here: the engines), so the gateway started with none.
+    path = tmp_path / "gateway.toml"
+    path.write_text('engines = ["http://127.0.0.1:8001"]\n\n[trioforward]\nengine_capacity = 64\n')
+    with pytest.raises(SettingsError, match=r"outside the \[trioforward\] table") as info:
+        Settings.load(config_file=path, environ={})
+    assert info.value.knob == "engines"
+    # Other programs' tables and keys beside [trioforward] are left alone.
+    path.write_text('owner = "rl-team"\n[trioforward]\nengine_capacity = 64\n[other_tool]\nengines = 1\n')
+    assert Settings.load(config_file=path, environ={}).engine_capacity == 64
+    path.write_text("trioforward = 3\n")
+    with pytest.raises(SettingsError, match="must be a table"):
+        Settings.load(config_file=path, environ={})

@@ -47,7 +47,9 @@ highest precedence:
 1. the defaults below;
 2. a TOML file given with `--config FILE` (knobs at the top level or under a
    `[trioforward]` table; `-` and `_` are interchangeable in keys; an unknown
-   key is an error naming it);
+   key is an error naming it and the nearest knob; with a `[trioforward]` table
+   only it is read — other tables are left to other programs — and a knob left
+   at the top level beside it is an error);
 3. environment variables `{prefix}<KNOB>` (lists are comma-separated,
    adapters are `name=path,name=path`, booleans `true`/`false`, and `none`
    means "no limit" for knobs that accept it);

@@ -10,6 +10,7 @@ they cannot drift from the code.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import tomllib
@@ -174,7 +175,7 @@ class Settings:
         if config_file is not None:
             with open(config_file, "rb") as fh:
                 data = tomllib.load(fh)
-            data = data.get("trioforward", data)
+            data = _knob_table(data)
             for key, value in data.items():
                 name = _current(key.replace("-", "_"))
                 values[name] = coerce(name, value)
@@ -192,6 +193,24 @@ class Settings:
             if value is not None:
                 values[_current(key)] = coerce(_current(key), value)
         return cls(**values)
+
+
+def _knob_table(data: dict[str, Any]) -> dict[str, Any]:
+    """The knobs of a parsed TOML file: its ``[trioforward]`` table if it has one
+    (other tables may belong to other programs), else its top level. A knob left at
+    the top level next to a ``[trioforward]`` table would be ignored: refused."""
+    if "trioforward" not in data:
+        return data
+    table = data["trioforward"]
+    if not isinstance(table, dict):
+        raise SettingsError("trioforward", table, "must be a table of knobs ([trioforward])")
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name in _FIELD_KINDS or name in RENAMED_KNOBS:
+            raise SettingsError(
+                key, value, "is outside the [trioforward] table, so it would be ignored: move it under [trioforward]"
+            )
+    return table
 
 
 # Knobs renamed, old name -> new: the old name still works for one release (in
@@ -297,7 +316,8 @@ _UNSET_WORDS = ("", "none", "null", "inf", "unlimited")
 def coerce(name: str, value: Any) -> Any:
     """Turn a TOML value or an environment/CLI string into the knob's type."""
     if name not in _FIELD_KINDS:
-        raise SettingsError(name, value, "unknown setting")
+        near = difflib.get_close_matches(name, [*_FIELD_KINDS, *RENAMED_KNOBS], n=1)
+        raise SettingsError(name, value, f"unknown setting; did you mean {near[0]!r}?" if near else "unknown setting")
     kind, optional = _FIELD_KINDS[name]
     try:
         if isinstance(value, str):
