@@ -288,7 +288,9 @@ class _ClientCollector:
                 value=getattr(pool, f"{name}_total"),
             )
         healthy = GaugeMetricFamily(
-            "trioforward_engine_healthy", "1 if the engine takes new work", labels=["engine"]
+            "trioforward_engine_healthy",
+            "1 while the engine passes its health checks (a paused engine stays 1)",
+            labels=["engine"],
         )
         paused = GaugeMetricFamily(
             "trioforward_engine_paused", "1 while paused for a weight update", labels=["engine"]

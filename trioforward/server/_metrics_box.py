@@ -68,7 +68,10 @@ class BoxSeries:
             "trioforward_adapters_registered", "LoRA adapters registered with the gateway", "livemax"
         )
         self._healthy = gauge(
-            "trioforward_engine_healthy", "1 if the engine takes new work", "livemin", ("engine",)
+            "trioforward_engine_healthy",
+            "1 while the engine passes its health checks (a paused engine stays 1)",
+            "livemin",
+            ("engine",),
         )
         self._paused = gauge(
             "trioforward_engine_paused", "1 while paused for a weight update", "livemax", ("engine",)
