@@ -4,6 +4,7 @@ type (kind x optional), from TOML values and from environment/CLI text."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import pytest
@@ -188,3 +189,13 @@ def test_a_knob_outside_the_trioforward_table_is_refused(tmp_path: Any) -> None:
     path.write_text("trioforward = 3\n")
     with pytest.raises(SettingsError, match="must be a table"):
         Settings.load(config_file=path, environ={})
+
+
+def test_a_misspelt_variable_is_warned_about_not_silently_ignored() -> None:
+    env = {"TRIOFORWARD_ENGIN_CAPACITY": "3", "TRIOFORWARD_ROUTING": "session"}
+    with pytest.warns(UserWarning, match="TRIOFORWARD_ENGIN_CAPACITY is not a trioforward setting and is ignored; did you mean TRIOFORWARD_ENGINE_CAPACITY") as record:
+        settings = Settings.load(environ=env)
+    assert len(record) == 1 and settings.routing == "session"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the project's own non-knob variables are not warned about
+        Settings.load(environ={"TRIOFORWARD_CONFIG": "x.toml", "TRIOFORWARD_WORKER_FD": "3", "PATH": "/bin"})

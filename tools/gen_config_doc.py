@@ -52,7 +52,8 @@ highest precedence:
    at the top level beside it is an error);
 3. environment variables `{prefix}<KNOB>` (lists are comma-separated,
    adapters are `name=path,name=path`, booleans `true`/`false`, and `none`
-   means "no limit" for knobs that accept it);
+   means "no limit" for knobs that accept it; a `{prefix}*` variable that
+   is not a knob is ignored with a warning naming the nearest one);
 4. command-line flags of `trioforward serve`.
 
 The embedded client takes the same knobs:

@@ -180,6 +180,7 @@ class Settings:
                 name = _current(key.replace("-", "_"))
                 values[name] = coerce(name, value)
         env = os.environ if environ is None else environ
+        _warn_unknown_variables(env)
         for old, new in RENAMED_KNOBS.items():
             raw = env.get(ENV_PREFIX + old.upper())
             if raw is not None:
@@ -193,6 +194,21 @@ class Settings:
             if value is not None:
                 values[_current(key)] = coerce(_current(key), value)
         return cls(**values)
+
+
+# TRIOFORWARD_* variables that are not knobs: the config file, the server's worker
+# hand-over, the real-engine suite's switches.
+_OTHER_VARIABLES = {"CONFIG", "WORKER_SETTINGS", "WORKER_FD", "REAL_ENGINE", "RECORD_FIXTURES"}
+
+
+def _warn_unknown_variables(env: Mapping[str, str]) -> None:
+    """A misspelt ``TRIOFORWARD_*`` variable would be ignored without a word: warn."""
+    known = [ENV_PREFIX + n.upper() for n in (*_FIELD_KINDS, *RENAMED_KNOBS, *map(str.lower, _OTHER_VARIABLES))]
+    for key in env:
+        if key.startswith(ENV_PREFIX) and key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            warnings.warn(f"{key} is not a trioforward setting and is ignored{hint}", UserWarning, stacklevel=3)
 
 
 def _knob_table(data: dict[str, Any]) -> dict[str, Any]:
