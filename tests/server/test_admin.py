@@ -132,3 +132,30 @@ async def test_pause_abort_ends_in_flight_requests_with_503(fd_baseline: int) ->
     assert error["code"] == "aborted"
     assert error["engine"] == engine.url
     assert generation_requests(engine) == 1
+
+
+async def test_admin_changes_are_logged_one_line_each(
+    engine: Any, caplog: Any, fd_baseline: int
+) -> None:
+    # An operator must find each pause, resume and engine change in the log, with
+    # its answer and how long it took; reads are not logged, and a client's
+    # newline cannot forge a second line.
+    caplog.set_level("INFO", logger="trioforward.admin")
+    async with open_gateway(engine.url) as gw, httpx.AsyncClient(base_url=gw.url) as client:
+        assert (await client.post("/admin/pause", content=b'{"mode": "wait"}')).status_code == 200
+        resumed = await client.post("/admin/resume", content=b'{"weight_version": "step-1"}')
+        assert resumed.status_code == 200
+        bad = await client.post("/admin/pause", content=b'{"mode": "now"}\nINFO forged')
+        assert bad.status_code == 400
+        assert (await client.get("/admin/engines")).status_code == 200
+        gone = await client.delete("/admin/engines", params={"url": "http://127.0.0.1:9"})
+        assert gone.status_code == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.admin"]
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("POST /admin/pause 200 ")
+    assert lines[0].endswith("""s body='{"mode": "wait"}'""")
+    assert lines[1].startswith("POST /admin/resume 200 ") and "step-1" in lines[1]
+    assert lines[2].startswith("POST /admin/pause 400 ") and "\\nINFO forged" in lines[2]
+    assert "\n" not in lines[2]
+    assert lines[3].startswith("DELETE /admin/engines?url=http%3A%2F%2F127.0.0.1%3A9 404 ")
+    assert lines[3].endswith("s body=-")

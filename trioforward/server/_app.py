@@ -30,6 +30,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward import Settings, SettingsError
+from trioforward.server._admin_log import install_admin_log
 from trioforward.server._asgi import Front
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
@@ -199,6 +200,8 @@ async def _open_fleet(client: Any, settings: Settings) -> AsyncIterator[Any]:
 
 
 def _install_hooks(app: QuartTrio, settings: Settings) -> None:
+    install_admin_log(app)
+
     @app.before_request
     async def _authenticate() -> Response | None:
         try:
