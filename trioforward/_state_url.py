@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 __all__ = [
     "STATE_URL_SCHEMES",
@@ -63,6 +63,35 @@ def check_state_url(url: str) -> None:
         raise StateURLError(f"scheme must be one of {', '.join(STATE_URL_SCHEMES)}")
     if scheme == "redis+sentinel":
         parse_sentinel_url(url)
+    elif scheme == "unix":
+        if not urlsplit(url).path.strip("/"):
+            raise StateURLError("a unix:// URL names the socket's path: unix:///path/to/socket")
+    else:
+        _check_server_url(url)
+
+
+_SERVER_SHAPE = "a Redis URL looks like redis://[[user]:password@]host[:port][/db]"
+
+
+def _check_server_url(url: str) -> None:
+    """A host, a port in 1..65535 if given, and nothing but a db number as the path.
+    The Redis client reads a bad port only when the gateway starts (a startup failure
+    that does not name ``state_url``), and ignores a path that is not a number: the
+    fleet would share db 0 with whatever else uses it."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise StateURLError(f"the port must be a number in 1..65535; {_SERVER_SHAPE}")
+    if not parts.hostname:
+        raise StateURLError(f"no host; {_SERVER_SHAPE}")
+    if parts.path not in ("", "/") and not _DB_PATH.fullmatch(parts.path):
+        raise StateURLError(f"the path can only be a db number (/0, /1, ...); {_SERVER_SHAPE}")
+
+
+_DB_PATH = re.compile(r"/[0-9]+")
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:
