@@ -150,8 +150,15 @@ async def test_admin_changes_are_logged_one_line_each(
         assert (await client.get("/admin/engines")).status_code == 200
         gone = await client.delete("/admin/engines", params={"url": "http://127.0.0.1:9"})
         assert gone.status_code == 404
+        # A URL with credentials is refused, and its password is not logged.
+        secret = {"url": "http://trainer:s3cret@127.0.0.1:9"}
+        assert (await client.post("/admin/engines", json=secret)).status_code == 400
+        params = {"url": "http://trainer:s3cret@127.0.0.1:9"}
+        assert (await client.delete("/admin/engines", params=params)).status_code == 400
     lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.admin"]
-    assert len(lines) == 4, lines
+    assert len(lines) == 6, lines
+    assert not any("s3cret" in line or "trainer" in line for line in lines), lines
+    assert "http://***@127.0.0.1:9" in lines[4] and "http%3A%2F%2F***%40127.0.0.1" in lines[5]
     assert lines[0].startswith("POST /admin/pause 200 ")
     assert lines[0].endswith("""s body='{"mode": "wait"}'""")
     assert lines[1].startswith("POST /admin/resume 200 ") and "step-1" in lines[1]

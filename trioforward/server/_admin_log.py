@@ -4,12 +4,16 @@ Pauses, resumes, engines added or removed and adapters registered change what
 every trainer gets; an operator reading the log after a bad run must see when
 each happened, who was refused, and how long a pause took to take hold. Reads
 (``GET``) are not logged. The body is logged as one line (``ascii``: no control
-character or newline from a client can forge a line), cut at 512 bytes.
+character or newline from a client can forge a line), cut at 512 bytes; the
+credentials of any URL in it (``scheme://user:password@``, which the engine
+routes refuse) are replaced by ``***`` first, so a refused call leaves no
+password in the log.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 import trio
 from quart import Response, g, request
@@ -21,6 +25,9 @@ admin_log = logging.getLogger("trioforward.admin")
 
 _BODY_LOGGED = 512  # bytes of the body in the line
 _READ_AT_MOST = 65536  # bytes: a larger body is not read for the log
+# The userinfo of a URL, written plainly or percent-encoded (a query string):
+# ``://`` or ``%3A%2F%2F``, then anything up to ``@`` (or ``%40``) with no slash.
+_USERINFO = re.compile(r"(://|%3A%2F%2F)[^/@\s\"']*?(@|%40)", re.IGNORECASE)
 
 
 def install_admin_log(app: QuartTrio) -> None:
@@ -40,7 +47,7 @@ def install_admin_log(app: QuartTrio) -> None:
             text = await _body_text()
             target = request.path
             if request.query_string:
-                target += "?" + request.query_string.decode("latin-1")
+                target += "?" + _redacted(request.query_string.decode("latin-1"))
             admin_log.info(
                 "%s %s %d %.3fs body=%s",
                 request.method,
@@ -65,9 +72,14 @@ async def _body_text() -> str:
     except Exception:  # the body could not be read (the client went away)
         return f"({size} bytes, unread)"
     body = data if isinstance(data, bytes) else data.encode()
-    text = body[:_BODY_LOGGED].decode("utf-8", "replace")
+    text = _redacted(body[:_BODY_LOGGED].decode("utf-8", "replace"))
     return text + f"... ({len(body)} bytes)" if len(body) > _BODY_LOGGED else text
 
 
 def _is_change() -> bool:
     return request.path.startswith("/admin/") and request.method not in ("GET", "HEAD")
+
+
+def _redacted(text: str) -> str:
+    """``text`` with every URL's ``user:password@`` replaced by ``***@``."""
+    return _USERINFO.sub(lambda m: f"{m[1]}***{m[2]}", text)
