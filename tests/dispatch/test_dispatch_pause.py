@@ -173,3 +173,14 @@ async def test_pause_abort_ends_a_stream(fd_baseline: int) -> None:
         with trio.fail_after(10):
             await engine.stats.wait_for(lambda s: s.aborted == 1)
         await client.resume()
+
+
+async def test_one_engine_url_given_as_a_string_is_that_engine(fd_baseline: int) -> None:
+    # A str is an Iterable[str]: it must not be read as one URL per character.
+    async with open_engine() as a, open_engine() as b, client_for(a, b) as client:
+        await client.pause(a.url)
+        assert {e.url: e.paused for e in client.engines.list()} == {a.url: True, b.url: False}
+        await client.resume(a.url)
+        async with client.paused(f"{a.url}, {b.url}"):
+            assert all(e.paused for e in client.engines.list())
+        assert not any(e.paused for e in client.engines.list())

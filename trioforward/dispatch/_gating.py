@@ -36,7 +36,7 @@ class PauseGate:
     def _targets(self, engines: Iterable[str] | None) -> list[Engine]:
         if engines is None:
             return list(self._registry.engines)
-        return [self._registry.get(url) for url in engines]
+        return [self._registry.get(url) for url in _urls(engines)]
 
     async def pause(
         self,
@@ -100,10 +100,18 @@ class PauseGate:
         self, engines: Iterable[str] | None = None, mode: PauseMode = "wait"
     ) -> AsyncIterator[None]:
         """``async with client.paused():`` — pause on entry, resume on exit (even on error)."""
-        targets = None if engines is None else list(engines)
+        targets = None if engines is None else _urls(engines)
         await self.pause(targets, mode)
         try:
             yield
         finally:
             with trio.CancelScope(shield=True):
                 await self.resume(targets)
+
+
+def _urls(engines: Iterable[str]) -> list[str]:
+    """Engine URLs; one string is one URL or a comma-separated list (as
+    ``TRIOFORWARD_ENGINES``), never its characters."""
+    if isinstance(engines, str):
+        return [url.strip() for url in engines.split(",") if url.strip()]
+    return list(engines)
