@@ -215,3 +215,15 @@ async def test_engines_given_as_one_string_are_comma_separated(fd_baseline: int)
             assert sorted(e.url for e in client.engines.list()) == sorted([a.url, b.url])
             c = await client.complete(model="sim-base", prompt=[1], max_tokens=2)
         assert c.engine in (a.url, b.url)
+
+
+async def test_complete_refuses_fields_that_would_undo_its_decoding(fd_baseline: int) -> None:
+    # return_token_ids=False gave empty token arrays without a word; stream=True a
+    # CodecError saying the body was not JSON.
+    async with open_engine() as engine, client_for(engine) as client:
+        for extra in ({"return_token_ids": False}, {"stream": True}):
+            with pytest.raises(ValueError, match="use client.stream"):
+                await client.complete(model="sim-base", prompt=[1], max_tokens=2, **extra)
+        c = await client.complete(model="sim-base", prompt=[1], max_tokens=2, top_k=5)
+        assert c.choices[0].tokens.shape == (2,)
+        assert completions(engine) == 1

@@ -265,8 +265,12 @@ class Client(PauseGate):
         ``None`` when ``logprobs=False``); ``prompt_logprobs`` (when asked) is
         ``float32`` ``(len(prompt),)`` with NaN at position 0. Raises
         :class:`~trioforward.errors.EngineRejected` (``.status``, ``.body``) for a
-        non-2xx answer, and the dispatch errors of :meth:`post`.
+        non-2xx answer, :class:`~trioforward.codec.CodecError` (a ``ValueError``) for
+        a 2xx body that is not a completion, the dispatch errors of :meth:`post`, and
+        ``ValueError`` for ``stream`` or ``return_token_ids`` in ``extra``.
         """
+        if wrong := _UNDECODABLE.intersection(extra):  # a stream, or empty token arrays
+            raise ValueError(f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()")
         body: dict[str, Any] = {
             "model": model,
             "prompt": prompt,
@@ -354,6 +358,9 @@ class Client(PauseGate):
             adapters_registered=len(self.adapters.list()),
             pool=self._pool.statistics(),
         )
+
+
+_UNDECODABLE = frozenset({"stream", "return_token_ids"})  # complete() needs its own values
 
 
 @asynccontextmanager
