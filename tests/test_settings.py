@@ -199,3 +199,11 @@ def test_a_misspelt_variable_is_warned_about_not_silently_ignored() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the project's own non-knob variables are not warned about
         Settings.load(environ={"TRIOFORWARD_CONFIG": "x.toml", "TRIOFORWARD_WORKER_FD": "3", "PATH": "/bin"})
+
+
+def test_secrets_are_not_in_the_settings_repr() -> None:
+    # A trainer printing its Settings, or a traceback showing locals, must not leak
+    # the keys (as state_url's password is kept out).
+    settings = Settings(api_keys=("sk-hunter2",), admin_token="adm-hunter2", state_url="redis://u:pw-hunter2@h:1/0")
+    assert "hunter2" not in repr(settings)
+    assert settings.api_keys == ("sk-hunter2",) and settings.admin_token == "adm-hunter2"

@@ -88,8 +88,8 @@ class Settings:
     # --- gateway server -------------------------------------------------------
     host: str = _knob("127.0.0.1", "address the gateway listens on", "", "server")
     port: int = _knob(8000, "port the gateway listens on", "", "server")
-    api_keys: tuple[str, ...] = _knob((), "client API keys (Bearer on /v1, X-API-Key on /api/v1); empty = open", "keys", "server")
-    admin_token: str | None = _knob(None, "token required (Bearer) on /admin/*; unset = open", "", "server")
+    api_keys: tuple[str, ...] = _knob((), "client API keys (Bearer on /v1, X-API-Key on /api/v1); empty = open", "keys", "server", repr=False)
+    admin_token: str | None = _knob(None, "token required (Bearer) on /admin/*; unset = open", "", "server", repr=False)
     log_level: str = _knob("info", "debug | info | warning | error", "", "server")
     access_log: bool = _knob(True, "one log line per request (engine, status, attempts, queue/engine time)", "", "server")
     shutdown_grace: float = _knob(30.0, "on SIGTERM/SIGINT, time in-flight requests get to finish", "s", "server")
