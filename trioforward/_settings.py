@@ -171,16 +171,19 @@ class Settings:
         The TOML file holds knobs at the top level (or under ``[trioforward]``).
         Unknown keys are an error naming the key. Raises :class:`SettingsError`.
         """
+        # The sources' checks read this module's names (an import here, not above).
+        from trioforward._settings_sources import knob_table, warn_unknown_variables
+
         values: dict[str, Any] = {}
         if config_file is not None:
             with open(config_file, "rb") as fh:
                 data = tomllib.load(fh)
-            data = _knob_table(data)
+            data = knob_table(data)
             for key, value in data.items():
                 name = _current(key.replace("-", "_"))
                 values[name] = coerce(name, value)
         env = os.environ if environ is None else environ
-        _warn_unknown_variables(env)
+        warn_unknown_variables(env)
         for old, new in RENAMED_KNOBS.items():
             raw = env.get(ENV_PREFIX + old.upper())
             if raw is not None:
@@ -194,39 +197,6 @@ class Settings:
             if value is not None:
                 values[_current(key)] = coerce(_current(key), value)
         return cls(**values)
-
-
-# TRIOFORWARD_* variables that are not knobs: the config file, the server's worker
-# hand-over, the real-engine suite's switches.
-_OTHER_VARIABLES = {"CONFIG", "WORKER_SETTINGS", "WORKER_FD", "REAL_ENGINE", "RECORD_FIXTURES"}
-
-
-def _warn_unknown_variables(env: Mapping[str, str]) -> None:
-    """A misspelt ``TRIOFORWARD_*`` variable would be ignored without a word: warn."""
-    known = [ENV_PREFIX + n.upper() for n in (*_FIELD_KINDS, *RENAMED_KNOBS, *map(str.lower, _OTHER_VARIABLES))]
-    for key in env:
-        if key.startswith(ENV_PREFIX) and key not in known:
-            near = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {near[0]}?" if near else ""
-            warnings.warn(f"{key} is not a trioforward setting and is ignored{hint}", UserWarning, stacklevel=3)
-
-
-def _knob_table(data: dict[str, Any]) -> dict[str, Any]:
-    """The knobs of a parsed TOML file: its ``[trioforward]`` table if it has one
-    (other tables may belong to other programs), else its top level. A knob left at
-    the top level next to a ``[trioforward]`` table would be ignored: refused."""
-    if "trioforward" not in data:
-        return data
-    table = data["trioforward"]
-    if not isinstance(table, dict):
-        raise SettingsError("trioforward", table, "must be a table of knobs ([trioforward])")
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        if name in _FIELD_KINDS or name in RENAMED_KNOBS:
-            raise SettingsError(
-                key, value, "is outside the [trioforward] table, so it would be ignored: move it under [trioforward]"
-            )
-    return table
 
 
 # Knobs renamed, old name -> new: the old name still works for one release (in
