@@ -105,3 +105,17 @@ def test_a_scrape_of_one_worker_sums_every_dispatch_series_over_the_box(worker_m
     assert seen[("trioforward_dispatch_requests_total", ())] == 14
     assert seen[("trioforward_in_flight", ())] == 2
     assert seen[("trioforward_queued", ())] == 1
+
+
+def test_tinker_rejections_are_summed_over_the_box(worker_metrics: Any) -> None:
+    """``trioforward_tinker_rejections_total`` under ``--workers N`` (docs/fleet.md,
+    "Metrics"): each worker's refusals, summed by any worker's scrape."""
+    as_worker, _, _ = worker_metrics
+    as_worker("w1").rejection("/api/v1/asample", 429, "queue_full")
+    as_worker("w2").rejection("/api/v1/asample", 429, "queue_full")
+    as_worker("w2").rejection("/api/v1/retrieve_future", 404, "not_found")
+    seen = _samples(as_worker("w1"))
+    full = (("code", "queue_full"), ("route", "/api/v1/asample"), ("status", "429"))
+    unknown = (("code", "not_found"), ("route", "/api/v1/retrieve_future"), ("status", "404"))
+    assert seen[("trioforward_tinker_rejections_total", full)] == 2
+    assert seen[("trioforward_tinker_rejections_total", unknown)] == 1

@@ -305,3 +305,47 @@ async def test_a_server_that_refuses_scripts_gets_pipelines_and_loses_nothing(
         assert not a.state.fleet.futures.scripts and not b.state.fleet.futures.scripts
     refused = [r for r in caplog.records if "refused a script" in r.getMessage()]
     assert refused and all(r.levelname == "WARNING" for r in refused)
+
+
+async def test_fleet_refusals_are_counted_in_tinker_rejections(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    """The refusals fleet mode answers inside the route's work, in
+    ``trioforward_tinker_rejections_total`` (docs/server.md, "Metrics (`GET /metrics`)"):
+    429 ``queue_full`` from the fleet-wide claim path, and 408 from a poll held
+    for another member's future."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def rejections(text: str) -> dict[tuple[str, str, str], float]:
+        return {
+            (s.labels["route"], s.labels["status"], s.labels["code"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "trioforward_tinker_rejections_total"
+        }
+
+    async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
+        a, b = await open_members(
+            engine.url, valkey, fleet_name, stack, max_outstanding=1, future_hold=0.05
+        )
+        with trio.fail_after(30):
+            await until_members([a, b], 2)
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        session = await _session(ca)
+        await a.state.client.pause()  # the first sample stays outstanding on A
+        issued = await ca.post("/api/v1/asample", json=sample_body(session, 1))
+        assert issued.status_code == 200
+        full = await ca.post("/api/v1/asample", json=sample_body(session, 2))
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+        request_id = issued.json()["request_id"]
+        held = await cb.post("/api/v1/retrieve_future", json={"request_id": request_id})
+        assert held.status_code == 408  # B waited for A's result past its hold
+        on_a = rejections((await ca.get("/metrics")).text)
+        on_b = rejections((await cb.get("/metrics")).text)
+        await a.state.client.resume()
+        with trio.fail_after(30):  # the sample ends before the members do
+            while (await ca.post("/api/v1/retrieve_future", json={"request_id": request_id})).status_code == 408:
+                pass
+    assert on_a == {("/api/v1/asample", "429", "queue_full"): 1}
+    assert on_b == {("/api/v1/retrieve_future", "408", "try_again"): 1}

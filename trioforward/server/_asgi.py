@@ -105,6 +105,14 @@ class Call:
         value = self.headers.get(name)
         return None if value is None else value.decode("latin-1")
 
+    def refused(self, status: int, code: str | None) -> None:
+        """Count this call's refusal (``status``, error ``code``) on a route that
+        is not counted per request (``Route.access_log`` false: Tinker's), in
+        ``trioforward_tinker_rejections_total`` (docs/server.md, "Metrics (`GET /metrics`)")."""
+        metrics = self.state.metrics
+        if metrics is not None:
+            metrics.rejection(self.path, status, code)
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -114,7 +122,9 @@ class Route:
     :class:`RequestError` for a bad one, answered by the front) and returns the
     work to run, which sends the response itself. ``empty_body``: an empty
     body means ``{}`` (Tinker) instead of a 400 (OpenAI). ``access_log``: the
-    request gets an access-log line and is counted in the route metrics.
+    request gets an access-log line and is counted in the route metrics;
+    without, only its refusals are counted (:meth:`Call.refused`: the front's
+    own, and those the route's work answers).
     """
 
     start: Callable[[Call], Awaitable[None]]
@@ -170,6 +180,8 @@ class Front:
                 work = route.start(Call(state, path, headers, data, body, send, log))
             except RequestError as err:
                 log.status = err.status
+                if not route.access_log and state.metrics is not None:
+                    state.metrics.rejection(path, err.status, err.code)
                 extra = ((b"allow", b"POST"),) if err.status == 405 else err.headers()
                 await respond(send, err.status, err.body(), extra=extra)
                 return

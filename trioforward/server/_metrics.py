@@ -11,7 +11,10 @@ series):
 - what only the server sees is observed per request: gateway responses by route
   and status, and two separate histograms — time waiting for engine capacity
   (``queue_wait``) and time from dispatch to the end of the response
-  (``engine_time``), both in seconds.
+  (``engine_time``), both in seconds;
+- Tinker's calls are not counted per answer (a sample is counted once, by its
+  outcome, under route ``tinker_sample``), so their refusals have a family of
+  their own, counted only when one is made (:meth:`Metrics.rejection`).
 
 Route modules (the Tinker routes) may call :meth:`Metrics.observe`.
 """
@@ -84,6 +87,14 @@ class Metrics:
             ["route", "code"],
             registry=self.registry,
         )
+        self._rejections = Counter(
+            "trioforward_tinker_rejections",
+            "Tinker calls answered without what they asked for (refusals, and held polls "
+            "that ran out: 408), by route, HTTP status and error code",
+            ["route", "status", "code"],
+            registry=self.registry,
+        )
+        self._rejection_children: dict[tuple[str, int, str], Any] = {}
         self._versions = Counter(
             "trioforward_weight_version_requests",
             "Answers by the weight version that produced them (X-Weight-Version; the "
@@ -149,6 +160,18 @@ class Metrics:
                 del children[oldest]
                 self._versions.remove(oldest)
             child = children[version] = self._versions.labels(version)
+        child.inc()
+
+    def rejection(self, route: str, status: int, code: str | None) -> None:
+        """Count one Tinker call answered ``status`` (4xx/5xx, or 408 ``try_again``)
+        with error code ``code`` (``None``: none); ``route``: its path. Only
+        refusals are counted: a call answered with what it asked for costs nothing."""
+        key = (route, status, code or "")
+        child = self._rejection_children.get(key)
+        if child is None:
+            child = self._rejection_children[key] = self._rejections.labels(
+                route, str(status), code or ""
+            )
         child.inc()
 
     def stream_error(self, route: str, code: str) -> None:

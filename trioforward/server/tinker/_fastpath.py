@@ -7,7 +7,9 @@ and does the request plumbing (API key, body size, JSON, disconnect, errors as
 the Tinker wire format. Every other Tinker route is a Quart view (``_routes.py``).
 
 A held poll stops holding when the client goes away (the front cancels it); the
-sample itself is never touched. A result counts as delivered once Hypercorn
+sample itself is never touched. Refusals, and polls whose hold ran out (408), are
+counted in ``trioforward_tinker_rejections_total`` (docs/server.md, "Metrics (`GET /metrics`)"):
+the front counts those it answers, this module and ``_fleet.py`` the rest. A result counts as delivered once Hypercorn
 accepted the whole response body.
 """
 
@@ -116,10 +118,12 @@ async def _deliver(state: TinkerState, future: Future, call: Call) -> None:
         except FutureGone:
             err = _gone(future.request_id)
             call.log.status = err.status
+            call.refused(err.status, err.code)
             call.log.complete = True
             await respond(call.send, err.status, err.body())
             return
         if done is None:
+            call.refused(408, "try_again")
             call.log.complete = True
             await respond(call.send, 408, TRY_AGAIN)
             return

@@ -42,10 +42,12 @@ async def _answer(
 async def _refuse(call: Call, err: RequestError) -> None:
     # Errors after the front's start step are answered here: the front only
     # answers RequestErrors raised before the route returned its awaitable.
+    call.refused(err.status, err.code)
     await _answer(call, err.status, err.body())
 
 
 async def _unavailable(call: Call, err: Exception) -> None:
+    call.refused(503, "state_unavailable")
     call.log.status = 503
     call.log.complete = True
     body = error_body(f"{err}; retry", type="server_error", code="state_unavailable")
@@ -107,6 +109,7 @@ async def retrieve(state: TinkerState, request_id: str, call: Call) -> None:
         await _unavailable(call, err)
         return
     if found is None:
+        call.refused(408, "try_again")
         await _answer(call, 408, TRY_AGAIN)
         return
     content_type, body = found
