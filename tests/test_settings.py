@@ -207,3 +207,10 @@ def test_secrets_are_not_in_the_settings_repr() -> None:
     settings = Settings(api_keys=("sk-hunter2",), admin_token="adm-hunter2", state_url="redis://u:pw-hunter2@h:1/0")
     assert "hunter2" not in repr(settings)
     assert settings.api_keys == ("sk-hunter2",) and settings.admin_token == "adm-hunter2"
+
+
+def test_the_log_level_is_read_in_either_case() -> None:
+    assert Settings(log_level="DEBUG").log_level == "debug"
+    assert Settings.load(environ={"TRIOFORWARD_LOG_LEVEL": "Warning"}).log_level == "warning"
+    with pytest.raises(SettingsError, match="must be one of debug, info, warning, error"):
+        Settings(log_level="verbose")

@@ -120,6 +120,8 @@ class Settings:
             raise SettingsError("prefix_tokens", self.prefix_tokens, "must be >= 1")
         if self.engine_kind not in ENGINE_KINDS:
             raise SettingsError("engine_kind", self.engine_kind, f"must be one of {', '.join(ENGINE_KINDS)}")
+        # Python's level names are upper case (`--log-level DEBUG`): either case is read.
+        object.__setattr__(self, "log_level", self.log_level.lower())
         if self.log_level not in LOG_LEVELS:
             raise SettingsError("log_level", self.log_level, f"must be one of {', '.join(LOG_LEVELS)}")
         if not 0 < self.port < 65536:
