@@ -7,6 +7,7 @@ so ``trioforward --help`` stays fast.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 import click
@@ -40,3 +41,13 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="trioforward")
 def main(**_: Any) -> None:
     """trioforward: a Trio-based sampling gateway for RL trainers."""
+    # A warning to an operator (a misspelt TRIOFORWARD_* variable, a renamed
+    # knob) is one line naming the problem, not Python's "file:line: UserWarning"
+    # followed by a line of our source.
+    warnings.formatwarning = _one_line_warning
+
+
+def _one_line_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    return f"warning: {message}\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,6 +61,21 @@ def test_bad_environment_value_exits_2() -> None:
     result = CliRunner().invoke(main, ["serve"], env={"TRIOFORWARD_KEEP_ALIVE": "forever"})
     assert result.exit_code == 2
     assert "'keep_alive'" in result.output and "TRIOFORWARD_KEEP_ALIVE" in result.output
+
+
+def test_a_misspelt_variable_is_one_warning_line_naming_the_nearest_knob() -> None:
+    # In its own process: pytest records warnings itself, which would hide how the
+    # command shows them. The bad value makes serve exit 2 before it binds.
+    env = {**os.environ, "TRIOFORWARD_ENGIN_CAPACITY": "3", "TRIOFORWARD_KEEP_ALIVE": "forever"}
+    argv = [sys.executable, "-m", "trioforward", "serve"]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert (
+        "warning: TRIOFORWARD_ENGIN_CAPACITY is not a trioforward setting and is ignored;"
+        " did you mean TRIOFORWARD_ENGINE_CAPACITY?"
+    ) in lines, lines
+    assert "UserWarning" not in result.stderr and "Settings.load" not in result.stderr
 
 
 def test_precedence_file_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
