@@ -20,7 +20,8 @@ _EMPTY_I32: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
 
 
 class CodecError(ValueError):
-    """The body is not a completion response (not JSON, or missing ``choices``)."""
+    """The body is not a completion response (not JSON, or missing ``choices``),
+    or lacks the ``token_ids`` a caller required (see :func:`decode_completion`)."""
 
 
 @dataclass(slots=True)
@@ -92,8 +93,13 @@ def _prompt_logprobs(entries: list[Any], prompt: list[int] | None) -> npt.NDArra
     return out
 
 
-def decode_completion(body: bytes) -> Completion:
-    """Decode a ``/v1/completions`` response body. Raises :class:`CodecError`."""
+def decode_completion(body: bytes, *, require_token_ids: bool = False) -> Completion:
+    """Decode a ``/v1/completions`` response body. Raises :class:`CodecError`.
+
+    ``require_token_ids``: the request asked for ``return_token_ids``, so a choice
+    without ``token_ids`` (absent or null; vLLM answers a list, empty for an empty
+    sequence) is an error, not an empty sequence: an engine that ignores the option
+    would otherwise hand a trainer samples with no tokens."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -104,6 +110,11 @@ def decode_completion(body: bytes) -> Completion:
     prompt_lp: npt.NDArray[np.float32] | None = None
     for raw in doc["choices"]:
         token_ids = raw.get("token_ids")
+        if token_ids is None and require_token_ids:
+            raise CodecError(
+                "the engine answered without 'token_ids' although 'return_token_ids' was"
+                " asked: it does not support that option (docs/compatibility.md)"
+            )
         tokens = np.array(token_ids, dtype=np.int32) if token_ids else _EMPTY_I32
         lp_block = raw.get("logprobs")
         logprobs = None

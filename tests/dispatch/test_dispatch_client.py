@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import orjson
 import pytest
@@ -9,6 +11,7 @@ import trio
 from dispatch_testing import COMPLETION, FAST, body, client_for, completions
 
 from trioforward import SettingsError, open_client
+from trioforward.codec import CodecError
 from trioforward.errors import DispatchTimeout, EngineConnectError, EngineRejected
 from trioforward.http import Phase
 from trioforward.sim import expected_completion, expected_prompt_logprobs, open_engine
@@ -227,3 +230,38 @@ async def test_complete_refuses_fields_that_would_undo_its_decoding(fd_baseline:
         c = await client.complete(model="sim-base", prompt=[1], max_tokens=2, top_k=5)
         assert c.choices[0].tokens.shape == (2,)
         assert completions(engine) == 1
+
+
+async def _text_only_engine(stream: trio.SocketStream) -> None:
+    # An engine that ignores return_token_ids: a 200 completion with text only.
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        rest += await stream.receive_some(65536)
+    answer = b'{"id": "c", "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}'
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(answer), answer)
+    )
+    await stream.aclose()
+
+
+async def test_complete_fails_when_the_engine_ignores_return_token_ids(fd_baseline: int) -> None:
+    # A sample with no tokens is a lost sample: complete() asked for the ids, so an
+    # answer without them raises instead of returning empty token arrays.
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            partial(trio.serve_tcp, _text_only_engine, 0, host="127.0.0.1")
+        )
+        port = listeners[0].socket.getsockname()[1]
+        async with client_for(f"http://127.0.0.1:{port}") as client:
+            with pytest.raises(CodecError, match="without 'token_ids'"):
+                await client.complete(model="m", prompt=[1, 2], max_tokens=2)
+        nursery.cancel_scope.cancel()

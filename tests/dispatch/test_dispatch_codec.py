@@ -51,3 +51,18 @@ def test_decode_minimal_body() -> None:
 def test_decode_rejects_non_completions(raw: bytes) -> None:
     with pytest.raises(CodecError):
         decode_completion(raw)
+
+
+def test_required_token_ids_missing_is_an_error_not_an_empty_sample() -> None:
+    # An engine that ignores return_token_ids answers text only: with the ids
+    # required, that is an error; an empty list (an empty sequence) is not.
+    text_only = b'{"choices": [{"text": "x", "finish_reason": "stop"}]}'
+    null_ids = b'{"choices": [{"text": "x", "token_ids": null, "finish_reason": "stop"}]}'
+    for raw in (text_only, null_ids):
+        with pytest.raises(CodecError, match="without 'token_ids'"):
+            decode_completion(raw, require_token_ids=True)
+    empty = decode_completion(
+        b'{"choices": [{"text": "", "token_ids": [], "finish_reason": "length"}]}',
+        require_token_ids=True,
+    )
+    assert empty.choices[0].tokens.shape == (0,)

@@ -265,9 +265,10 @@ class Client(PauseGate):
         ``None`` when ``logprobs=False``); ``prompt_logprobs`` (when asked) is
         ``float32`` ``(len(prompt),)`` with NaN at position 0. Raises
         :class:`~trioforward.errors.EngineRejected` (``.status``, ``.body``) for a
-        non-2xx answer, :class:`~trioforward.codec.CodecError` (a ``ValueError``) for
-        a 2xx body that is not a completion, the dispatch errors of :meth:`post`, and
-        ``ValueError`` for ``stream`` or ``return_token_ids`` in ``extra``.
+        non-2xx answer, :class:`~trioforward.codec.CodecError` (a ``ValueError``)
+        for a 2xx body that is not a completion or has no ``token_ids``, the
+        dispatch errors of :meth:`post`, and ``ValueError`` for ``stream`` or
+        ``return_token_ids`` in ``extra``.
         """
         if wrong := _UNDECODABLE.intersection(extra):  # a stream, or empty token arrays
             raise ValueError(f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()")
@@ -308,7 +309,7 @@ class Client(PauseGate):
             err.queue_time = response.queue_time
             err.engine_time = response.engine_time
             raise err
-        completion = decode_completion(response.content)
+        completion = decode_completion(response.content, require_token_ids=True)
         completion.engine = response.engine
         completion.attempts = response.attempts
         completion.queue_time = response.queue_time

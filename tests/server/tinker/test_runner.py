@@ -63,3 +63,19 @@ async def test_gateway_failures_are_server_errors() -> None:
     assert content_type == "application/json"
     doc = orjson.loads(body)
     assert doc["category"] == "server" and "DispatchTimeout" in doc["error"]
+
+
+class _TextOnly:
+    """An engine that ignores ``return_token_ids``: a 200 answer with text only."""
+
+    async def post(self, *args: object, **kwargs: object) -> object:
+        choices = [{"index": i, "text": "hi", "finish_reason": "stop"} for i in range(2)]
+        content = orjson.dumps({"id": "x", "choices": choices})
+        return type("Answer", (), {"status": 200, "content": content, "weight_version": None})()
+
+
+async def test_an_answer_without_token_ids_fails_the_sample_rather_than_sending_no_tokens() -> None:
+    body, content_type, _ = await run_sample(_TextOnly(), job(0))  # type: ignore[arg-type]
+    assert content_type == "application/json"  # an error, not a sample response
+    doc = orjson.loads(body)
+    assert doc["category"] == "server" and "without 'token_ids'" in doc["error"], doc

@@ -49,7 +49,7 @@ def encode_completion(body: bytes, job: SampleJob) -> tuple[bytes, str]:
     """An engine's 2xx ``/v1/completions`` body -> ``(bytes, content type)`` for the SDK."""
     from trioforward.codec import decode_completion
 
-    completion = decode_completion(body)
+    completion = decode_completion(body, require_token_ids=True)  # a sample is its tokens
     choices = sorted(completion.choices, key=lambda c: c.index)
     if len(choices) != job.num_samples:
         # The SDK asserts one sequence per sample_sequence_id it was given.
