@@ -34,6 +34,7 @@ minor version):
 
 from __future__ import annotations
 
+import logging
 import os
 from math import inf
 from typing import Any
@@ -51,7 +52,18 @@ from trioforward.server._appchannel import AppTaskGroup, Send
 
 __all__ = ["KeepAliveTCPServer"]
 
+log = logging.getLogger("trioforward.server")
+
 _yield_to_reader = trio.lowlevel.cancel_shielded_checkpoint  # the pass a write may take
+
+
+def _peer(stream: Any) -> str:
+    """``host:port`` of a connection's client (``stream``: its ``trio.SocketStream``)."""
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except OSError:
+        return "a closed socket"
+    return f"{host}:{port}"
 
 
 class _IdleDeadline:
@@ -115,7 +127,9 @@ class KeepAliveTCPServer(TCPServer):
     async def run(self) -> None:
         """``TCPServer.run`` for plain TCP (our worker serves no TLS), with
         :class:`AppTaskGroup` as the connection's task group: apps get the
-        ``trioforward.disconnect`` extension (see :mod:`._appchannel`)."""
+        ``trioforward.disconnect`` extension (see :mod:`._appchannel`). An
+        ``h11.LocalProtocolError`` escaping the connection's tasks closes this
+        connection (logged on ``trioforward.server``) instead of ending the worker."""
         try:
             socket = self.stream.socket
             client = parse_socket_addr(socket.family, socket.getpeername())
@@ -137,8 +151,18 @@ class KeepAliveTCPServer(TCPServer):
                 await self.protocol.initiate()
                 await self.idle_task.restart(self._task_group, self._idle_timeout)
                 await self._read_data()
-        except OSError:
+        except* OSError:
             pass
+        except* h11.LocalProtocolError as group:
+            # h11 refused what was to be sent on this connection (its state is then
+            # ERROR, and Hypercorn's 500 for the app that failed meanwhile is refused
+            # too). Under stock Hypercorn the error ends ``serve`` and every
+            # connection; here it ends this connection only.
+            log.error(
+                "connection from %s closed after an HTTP/1.1 protocol error in its response",
+                _peer(self.stream),
+                exc_info=group,
+            )
         finally:
             await self._close()
 
