@@ -54,6 +54,7 @@ __all__ = [
     "Outcome",
     "CLIENT_CLOSED",
     "respond",
+    "send_start",
     "Scope",
     "Receive",
     "Send",
@@ -219,8 +220,23 @@ async def respond(
 ) -> None:
     """A whole response: ``body`` with its type and length (one write, see _worker)."""
     headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *extra]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send_start(send, {"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_start(send: Send, message: dict[str, Any]) -> None:
+    """Send an ``http.response.start`` message shielded from cancellation.
+
+    Hypercorn hands the head to h11 first and writes it after, and only then
+    records that the response started (``HTTPStream.app_send``). A cancel landing
+    in between (the write's checkpoint) leaves h11 past the head while Hypercorn
+    is before it: the app, told the head did not go out, would send another one,
+    which h11 refuses, and Hypercorn's 500 after it raises out of the connection.
+    Shielded, the head goes out whole and the cancel lands at the app's next
+    checkpoint, with the response started. The write is a non-blocking
+    ``os.write`` under our worker, and Hypercorn's own writes are shielded."""
+    with trio.CancelScope(shield=True):
+        await send(message)
 
 
 class _Disconnected(Exception):

@@ -25,7 +25,7 @@ import orjson
 import trio
 
 from trioforward.errors import EngineRejected, TrioforwardError
-from trioforward.server._asgi import Call, Outcome, Route, Send, respond
+from trioforward.server._asgi import Call, Outcome, Route, Send, respond, send_start
 from trioforward.server._errors import dispatch_error_body, dispatch_error_headers, passed_on
 from trioforward.server._state import GatewayState
 from trioforward.server._validate import validate_chat, validate_completion
@@ -120,7 +120,9 @@ async def _relay_stream(
             if version is not None:
                 extra = (*extra, (_VERSION, version.encode()))
             head = [*_SSE, *extra] if extra else _SSE
-            await send({"type": "http.response.start", "status": fs.status, "headers": head})
+            # Shielded: a cancel (an abort pause, a deadline) must not land between
+            # h11 taking the head and Hypercorn recording it (send_start).
+            await send_start(send, {"type": "http.response.start", "status": fs.status, "headers": head})
             head_sent = True
             partial = b""  # an event not yet complete: sent only with its end
             async for chunk in fs.aiter_bytes():
