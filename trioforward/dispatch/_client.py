@@ -12,11 +12,12 @@ from typing import Any
 import orjson
 import trio
 
-from trioforward import Phase, Settings
+from trioforward import Settings
 from trioforward._background import open_background_nursery
-from trioforward.codec import Completion, decode_completion
+from trioforward.codec import Completion
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
+from trioforward.dispatch._complete import completion_body, completion_of
 from trioforward.dispatch._control import engine_models
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import EngineControl
@@ -40,7 +41,7 @@ from trioforward.dispatch._weights import (
     replaying_stream,
     version_label,
 )
-from trioforward.errors import EngineRejected, TrioforwardError
+from trioforward.errors import TrioforwardError
 from trioforward.http import ConnectionPool, open_pool
 
 __all__ = ["Client", "open_client"]
@@ -270,51 +271,21 @@ class Client(PauseGate):
         dispatch errors of :meth:`post`, and ``ValueError`` for ``stream`` or
         ``return_token_ids`` in ``extra``.
         """
-        if wrong := _UNDECODABLE.intersection(extra):  # a stream, or empty token arrays
-            raise ValueError(f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()")
-        body: dict[str, Any] = {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "n": n,
-            "temperature": temperature,
-            "return_token_ids": True,
-        }
-        if logprobs:
-            body["logprobs"] = 1
-        if seed is not None:
-            body["seed"] = seed
-        if stop is not None:
-            body["stop"] = stop
-        if stop_token_ids is not None:
-            body["stop_token_ids"] = stop_token_ids
-        if prompt_logprobs is not None:
-            body["prompt_logprobs"] = prompt_logprobs
-        body.update(extra)
+        body = completion_body(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            n=n,
+            temperature=temperature,
+            seed=seed,
+            logprobs=logprobs,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            prompt_logprobs=prompt_logprobs,
+            extra=extra,
+        )
         content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-        response = await self.post("/v1/completions", json=body, content=content, session=session)
-        if not 200 <= response.status < 300:
-            text = response.content[:500].decode("utf-8", "replace")
-            err = EngineRejected(
-                f"engine {response.engine} answered {response.status}: {text}",
-                status=response.status,
-                body=response.content,
-                headers=response.headers,
-                # An engine status arrives at the end of AWAIT_HEADERS (as for the
-                # rejection retries): the attempt got that far, no further.
-                phase=Phase.AWAIT_HEADERS,
-                attempts=response.attempts,
-                engine=response.engine,
-            )
-            err.queue_time = response.queue_time
-            err.engine_time = response.engine_time
-            raise err
-        completion = decode_completion(response.content, require_token_ids=True)
-        completion.engine = response.engine
-        completion.attempts = response.attempts
-        completion.queue_time = response.queue_time
-        completion.engine_time = response.engine_time
-        return completion
+        return completion_of(await self.post("/v1/completions", json=body, content=content, session=session))
 
     async def engine_models(self) -> list[dict[str, Any]]:
         """The engines' ``GET /v1/models`` entries (dicts with ``"id"``, in engine order).
@@ -359,9 +330,6 @@ class Client(PauseGate):
             adapters_registered=len(self.adapters.list()),
             pool=self._pool.statistics(),
         )
-
-
-_UNDECODABLE = frozenset({"stream", "return_token_ids"})  # complete() needs its own values
 
 
 @asynccontextmanager

@@ -50,13 +50,7 @@ from trioforward.dispatch._queueing import acquire, conserve
 from trioforward.dispatch._request import Request
 from trioforward.dispatch._routing import Router
 from trioforward.errors import QueueFull, TrioforwardError
-from trioforward.http import (
-    ConnectionPool,
-    PoolError,
-    PoolTimeout,
-    Response,
-    StreamResponse,
-)
+from trioforward.http import ConnectionPool, PoolError, PoolTimeout, Response, StreamResponse
 
 __all__ = ["Dispatcher", "Reply"]
 

@@ -1,0 +1,92 @@
+"""The typed completion call behind ``Client.complete`` (docs/embedding.md): the
+``/v1/completions`` body it sends and the :class:`~trioforward.codec.Completion`
+it makes of the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trioforward import Phase
+from trioforward.codec import Completion, decode_completion
+from trioforward.dispatch._types import ForwardResponse
+from trioforward.errors import EngineRejected
+
+__all__ = ["completion_body", "completion_of"]
+
+# complete() sets these itself: a stream would not decode, and without token ids
+# every choice's token array would be empty.
+_UNDECODABLE = frozenset({"stream", "return_token_ids"})
+
+
+def completion_body(
+    *,
+    model: str,
+    prompt: Sequence[int] | Any,
+    max_tokens: int,
+    n: int,
+    temperature: float,
+    seed: int | None,
+    logprobs: bool,
+    stop: str | list[str] | None,
+    stop_token_ids: list[int] | None,
+    prompt_logprobs: int | None,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """The JSON body of ``Client.complete`` (always ``return_token_ids``; ``logprobs: 1``
+    when ``logprobs``; optional fields only when given; ``extra`` last). Raises
+    ``ValueError`` for ``stream`` or ``return_token_ids`` in ``extra``."""
+    if wrong := _UNDECODABLE.intersection(extra):
+        raise ValueError(
+            f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()"
+        )
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "n": n,
+        "temperature": temperature,
+        "return_token_ids": True,
+    }
+    if logprobs:
+        body["logprobs"] = 1
+    if seed is not None:
+        body["seed"] = seed
+    if stop is not None:
+        body["stop"] = stop
+    if stop_token_ids is not None:
+        body["stop_token_ids"] = stop_token_ids
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs
+    body.update(extra)
+    return body
+
+
+def completion_of(response: ForwardResponse) -> Completion:
+    """The :class:`Completion` of an engine answer to :func:`completion_body`, with
+    the dispatch's engine, attempts and times. Raises :class:`EngineRejected` for
+    a non-2xx answer and :class:`~trioforward.codec.CodecError` for a body that is
+    not a completion or has no ``token_ids``."""
+    if not 200 <= response.status < 300:
+        text = response.content[:500].decode("utf-8", "replace")
+        err = EngineRejected(
+            f"engine {response.engine} answered {response.status}: {text}",
+            status=response.status,
+            body=response.content,
+            headers=response.headers,
+            # An engine status arrives at the end of AWAIT_HEADERS (as for the
+            # rejection retries): the attempt got that far, no further.
+            phase=Phase.AWAIT_HEADERS,
+            attempts=response.attempts,
+            engine=response.engine,
+        )
+        err.queue_time = response.queue_time
+        err.engine_time = response.engine_time
+        raise err
+    completion = decode_completion(response.content, require_token_ids=True)
+    completion.engine = response.engine
+    completion.attempts = response.attempts
+    completion.queue_time = response.queue_time
+    completion.engine_time = response.engine_time
+    return completion
