@@ -30,16 +30,24 @@ async def _session(client: httpx.AsyncClient) -> str:
     return str(response.json()["sampling_session_id"])
 
 
+async def _two_members(
+    engine_url: str, valkey: Any, fleet_name: str, stack: AsyncExitStack, **knobs: Any
+) -> tuple[Any, Any, httpx.AsyncClient, httpx.AsyncClient, str]:
+    """Two members on ``engine_url`` that see each other, an HTTP client for each,
+    and a sampling session made through the first."""
+    a, b = await open_members(engine_url, valkey, fleet_name, stack, **knobs)
+    with trio.fail_after(30):
+        await until_members([a, b], 2)
+    ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+    cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+    return a, b, ca, cb, await _session(ca)
+
+
 async def test_submit_on_one_member_poll_on_another_and_resubmit_anywhere(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
-        a, b = await open_members(engine.url, valkey, fleet_name, stack)
-        with trio.fail_after(30):
-            await until_members([a, b], 2)
-        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
-        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
-        session = await _session(ca)
+        a, b, ca, cb, session = await _two_members(engine.url, valkey, fleet_name, stack)
         issued = (await ca.post("/api/v1/asample", json=sample_body(session, 1))).json()
         request_id = issued["request_id"]
         # A resubmit of the same (session, seq) on the other member: the same future.
@@ -267,12 +275,7 @@ async def test_claims_and_results_survive_a_server_that_forgot_the_scripts(
 
     shas = [hashlib.sha1(script.encode()).hexdigest() for script in (CLAIM_SCRIPT, WRITE_SCRIPT)]
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
-        a, b = await open_members(engine.url, valkey, fleet_name, stack)
-        with trio.fail_after(30):
-            await until_members([a, b], 2)
-        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
-        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
-        session = await _session(ca)
+        a, b, ca, cb, session = await _two_members(engine.url, valkey, fleet_name, stack)
         first = (await ca.post("/api/v1/asample", json=sample_body(session, 1))).json()["request_id"]
         assert (await cb.post("/api/v1/retrieve_future", json={"request_id": first})).status_code == 200
         redis = await stack.enter_async_context(coredis.Redis(unix_socket_path=str(valkey.socket)))
@@ -294,12 +297,7 @@ async def test_a_server_that_refuses_scripts_gets_pipelines_and_loses_nothing(
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
         redis = await stack.enter_async_context(coredis.Redis(unix_socket_path=str(valkey.socket)))
         assert await redis.acl_setuser("default", "-@scripting")
-        a, b = await open_members(engine.url, valkey, fleet_name, stack)
-        with trio.fail_after(30):
-            await until_members([a, b], 2)
-        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
-        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
-        session = await _session(ca)
+        a, b, ca, cb, session = await _two_members(engine.url, valkey, fleet_name, stack)
         await _submit_on_a_resubmit_and_poll_on_both(ca, cb, session, 1)
         assert generation_requests(engine) == 1  # claimed once fleet-wide, run once
         assert not a.state.fleet.futures.scripts and not b.state.fleet.futures.scripts
@@ -325,14 +323,7 @@ async def test_fleet_refusals_are_counted_in_tinker_rejections(
         }
 
     async with open_sim(capacity=0) as engine, AsyncExitStack() as stack:
-        a, b = await open_members(
-            engine.url, valkey, fleet_name, stack, max_outstanding=1, future_hold=0.05
-        )
-        with trio.fail_after(30):
-            await until_members([a, b], 2)
-        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
-        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
-        session = await _session(ca)
+        a, b, ca, cb, session = await _two_members(engine.url, valkey, fleet_name, stack, max_outstanding=1, future_hold=0.05)
         await a.state.client.pause()  # the first sample stays outstanding on A
         issued = await ca.post("/api/v1/asample", json=sample_body(session, 1))
         assert issued.status_code == 200
