@@ -307,11 +307,14 @@ class Outcome:
     """What one request's access-log line and metrics record (times in seconds).
 
     ``complete`` is set by the route as it sends the last response message: a
-    hang-up after that no longer cancels the work.
+    hang-up after that no longer cancels the work. ``arrival``: when the
+    request's head reached the front (``trio.current_time()`` clock), the start
+    of its ``Server-Timing`` (:mod:`._timing`).
     """
 
     __slots__ = (
         "route",
+        "arrival",
         "method",
         "status",
         "engine",
@@ -325,6 +328,7 @@ class Outcome:
 
     def __init__(self, route: str, method: str = "POST") -> None:
         self.route = route
+        self.arrival = trio.current_time()
         self.method = method  # a GET answered 405 is logged as a GET
         self.status = 500
         self.engine: str | None = None

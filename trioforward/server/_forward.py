@@ -28,6 +28,7 @@ from trioforward.errors import EngineRejected, TrioforwardError
 from trioforward.server._asgi import Call, Outcome, Route, Send, respond, send_start
 from trioforward.server._errors import dispatch_error_body, dispatch_error_headers, passed_on
 from trioforward.server._state import GatewayState
+from trioforward.server._timing import server_timing
 from trioforward.server._validate import validate_chat, validate_completion
 
 __all__ = ["ROUTES"]
@@ -81,7 +82,7 @@ async def _forward(
     log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
     log.status = response.status
     log.complete = True
-    extra = passed_on(response.headers)
+    extra = (*passed_on(response.headers), server_timing(log.arrival, response.queue_time, response.engine_time))
     version = log.version = response.weight_version
     if version is not None:
         extra = (*extra, (_VERSION, version.encode()))
@@ -112,14 +113,15 @@ async def _relay_stream(
                 # The engine refused before streaming: its error body goes back verbatim.
                 content = b"".join([chunk async for chunk in fs.aiter_bytes()])
                 log.complete = True
-                extra = passed_on(fs.headers)
+                extra = (*passed_on(fs.headers), server_timing(log.arrival, fs.queue_time, fs.engine_time))
                 await respond(send, fs.status, content, _content_type(fs.headers), extra)
                 return
-            extra = passed_on(fs.headers)
+            # Server-Timing of a stream: what is known at its head (module _timing).
+            extra = (*passed_on(fs.headers), server_timing(log.arrival, fs.queue_time, fs.engine_time))
             version = log.version = fs.weight_version  # at dispatch: docs/operations.md
             if version is not None:
                 extra = (*extra, (_VERSION, version.encode()))
-            head = [*_SSE, *extra] if extra else _SSE
+            head = [*_SSE, *extra]
             # Shielded: a cancel (an abort pause, a deadline) must not land between
             # h11 taking the head and Hypercorn recording it (send_start).
             await send_start(send, {"type": "http.response.start", "status": fs.status, "headers": head})
@@ -165,10 +167,13 @@ async def _send_dispatch_error(send: Send, err: TrioforwardError, log: Outcome) 
     log.dispatched(err.engine, err.attempts, err.queue_time, err.engine_time)
     log.status, log.error = err.status, err.code
     log.complete = True
+    timing = server_timing(log.arrival, err.queue_time, err.engine_time or 0.0)
     if isinstance(err, EngineRejected):
-        await respond(send, err.status, err.body, _content_type(err.headers), passed_on(err.headers))
+        extra = (*passed_on(err.headers), timing)
+        await respond(send, err.status, err.body, _content_type(err.headers), extra)
     else:
-        await respond(send, err.status, dispatch_error_body(err), extra=dispatch_error_headers(err))
+        extra = (*dispatch_error_headers(err), timing)
+        await respond(send, err.status, dispatch_error_body(err), extra=extra)
 
 
 def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes:
