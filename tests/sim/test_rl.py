@@ -59,7 +59,10 @@ async def test_vllm_pause_abort_ends_running_requests_with_finish_reason_abort(
         events = sse_events(stream.body)
         assert events[-1] == b"[DONE]" and events[-2]["choices"][0]["finish_reason"] == "abort"
         assert len(events) == 5  # three tokens, the abort event, [DONE]
+        assert events[-2]["choices"][0]["token_ids"] == []  # vLLM: the abort event adds none
+        assert [e["choices"][0]["token_ids"][0] for e in events[:3]] == whole[0]["choices"][0]["token_ids"]
         assert engine.stats.pause_aborted == 4 and engine.stats.completed == 4
+        assert engine.stats.tokens_decoded == 4 * 3  # aborted work counted
         assert engine.stats.pauses == {"abort": 1}
 
 
@@ -174,3 +177,19 @@ async def test_kind_none_serves_no_weight_update_endpoints(fd_baseline: int) -> 
         for path in ("/pause", "/resume", "/pause_generation", "/update_weight_version"):
             assert (await request(engine, "POST", path)).status == 404
         assert (await request(engine, "GET", "/is_paused")).status == 404
+
+
+async def test_tokens_decoded_counts_every_sequence_and_cut_work(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_engine() as engine:  # instant: whole answers, n sequences each
+        await request(engine, "POST", "/v1/completions", gen_body(max_tokens=5, n=3))
+        assert engine.stats.tokens_decoded == 15
+    async with open_engine(decode_ms_per_token=100) as engine:
+        await request(engine, "POST", "/v1/completions", gen_body(max_tokens=5, stream=True))
+        assert engine.stats.tokens_decoded == 5
+        with trio.move_on_after(0.25):  # the client leaves after two decode steps
+            await request(engine, "POST", "/v1/completions", gen_body(max_tokens=5, n=2))
+        await engine.stats.wait_for(lambda s: s.aborted == 1 and s.running == 0)
+        assert engine.stats.tokens_decoded == 5 + 2 * 2
+

@@ -44,7 +44,7 @@ from trioforward.sim._prefix_cache import (
     cache_outputs,
     prefill_tokens,
 )
-from trioforward.sim._rl import RLControl, Run, answer_aborted
+from trioforward.sim._rl import RLControl, Run, answer_aborted, decoded_estimate
 from trioforward.sim._stats import EngineStats
 from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
 from trioforward.sim._timing import TimingModel
@@ -317,6 +317,7 @@ class SimEngine(TimingModel):
             try:
                 prefill_tokens(self.prefix_cache, self.stats, gen)
                 samples = gen.samples()
+                stats.tokens_decoded += sum(len(s.tokens) for s in samples)
                 cache_outputs(self.prefix_cache, gen, samples)
             finally:
                 stats.running -= 1
@@ -358,15 +359,24 @@ class SimEngine(TimingModel):
             if gen.stream:
                 await ex.start_stream(200, _SSE)
                 steps = list(stream_steps(gen, samples, rid, created))
-                for step in steps[:-1]:
+                for i, step in enumerate(steps):
                     await self._decode(1)
-                    await ex.send_chunk(step)
                     run.decoded += 1
-                await self._decode(1)
+                    stats.tokens_decoded += sum(1 for s in samples if len(s.tokens) > i)
+                    if i < len(steps) - 1:
+                        await ex.send_chunk(step)
                 cache_outputs(self.prefix_cache, gen, samples)
                 await ex.end_stream(steps[-1])
             else:
-                await self._decode(max((len(s.tokens) for s in samples), default=0))
+                try:
+                    await self._decode(max((len(s.tokens) for s in samples), default=0))
+                except BaseException:
+                    # Aborted or hung up mid-decode: count what the decode time made.
+                    run.decoded = decoded_estimate(run, self.decode_ms_per_token, samples)
+                    run.decode_start = None
+                    stats.tokens_decoded += sum(min(run.decoded, len(s.tokens)) for s in samples)
+                    raise
+                stats.tokens_decoded += sum(len(s.tokens) for s in samples)
                 cache_outputs(self.prefix_cache, gen, samples)
                 await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
             self.rl.completed(run.version)

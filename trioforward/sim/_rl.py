@@ -42,13 +42,13 @@ from urllib.parse import parse_qs
 import orjson
 import trio
 
-from trioforward.sim._api import Generation, complete_body
+from trioforward.sim._api import Generation, complete_body, usage
 from trioforward.sim._generate import render_token
 from trioforward.sim._http import Exchange
 from trioforward.sim._stats import EngineStats
 from trioforward.sim._stream import STREAM_CONTENT_TYPE
 
-__all__ = ["RLControl", "Run", "ENGINE_KINDS", "answer_aborted"]
+__all__ = ["RLControl", "Run", "ENGINE_KINDS", "answer_aborted", "decoded_estimate"]
 
 ENGINE_KINDS = ("vllm", "sglang", "none")
 _FREEZE = frozenset({"keep", "in_place", "retract"})
@@ -101,6 +101,7 @@ class RLControl:
         self.runs: dict[str, Run] = {}
         self._wake_decoders = wake_decoders
         self._resumed = trio.Event()
+        self._unanswered = 0  # aborted generations whose abort answer is not written yet
 
     @property
     def frozen(self) -> bool:
@@ -137,7 +138,11 @@ class RLControl:
         finally:
             del self.runs[rid]
         if run.aborted:
-            await aborted(run)
+            try:
+                await aborted(run)
+            finally:
+                self._unanswered -= 1
+                self.stats.changed()
 
     def completed(self, version: str | None) -> None:
         """A generation that started under ``version`` was answered in full."""
@@ -158,6 +163,7 @@ class RLControl:
             if not run.aborted:
                 run.aborted = True
                 run.scope.cancel()
+                self._unanswered += 1
                 self.stats.pause_aborted += 1
         self.stats.changed()
         return len(runs)
@@ -172,7 +178,9 @@ class RLControl:
         if mode in _FREEZE:
             self._wake_decoders()
         elif mode == "abort":
+            # Answers once the generations it ended have answered (their tokens so far).
             self.abort()
+            await self.stats.wait_for(lambda s: self._unanswered == 0)
         elif mode == "wait":
             await self.stats.wait_for(lambda s: s.running == 0 and s.queued == 0)
 
@@ -257,25 +265,16 @@ class RLControl:
 async def answer_aborted(
     ex: Exchange, gen: Generation, rid: str, created: int, run: Run, decode_ms_per_token: float
 ) -> None:
-    """vLLM's answer to an aborted generation: what was decoded, ``finish_reason: "abort"``.
+    """vLLM 0.32's answer to an aborted generation: 200, ``finish_reason: "abort"``.
 
-    A stream (head sent or not) gets one last event per choice saying so, then
-    ``[DONE]``; a whole answer carries the tokens decoded so far (estimated from
-    its decode time).
+    A whole answer carries the tokens decoded so far (``token_ids`` with
+    ``return_token_ids``, logprobs so far; estimated from its decode time). A
+    stream (head sent or not) gets one last event per choice with no new token
+    (``token_ids: []`` with ``return_token_ids``), the usage chunk with
+    ``stream_options.include_usage``, then ``[DONE]``.
     """
     samples = gen.samples()
-    if gen.stream:
-        head = {
-            "id": rid,
-            "object": "chat.completion.chunk" if gen.chat else "text_completion",
-            "created": created,
-            "model": gen.model,
-        }
-        if ex.status == 0:
-            await ex.start_stream(200, STREAM_CONTENT_TYPE)
-        return await ex.end_stream(_aborted_chunks(head, len(samples), gen.chat))
-    longest = max((len(s.tokens) for s in samples), default=0)
-    k = _decoded_estimate(run, decode_ms_per_token, longest)
+    k = decoded_estimate(run, decode_ms_per_token, samples)
     cut = [
         s._replace(
             tokens=s.tokens[:k],
@@ -286,26 +285,46 @@ async def answer_aborted(
         )
         for s in samples
     ]
+    if gen.stream:
+        head = {
+            "id": rid,
+            "object": "chat.completion.chunk" if gen.chat else "text_completion",
+            "created": created,
+            "model": gen.model,
+        }
+        if ex.status == 0:
+            await ex.start_stream(200, STREAM_CONTENT_TYPE)
+        return await ex.end_stream(_aborted_chunks(head, gen, cut, k == 0))
     await ex.respond(200, _JSON, complete_body(gen, cut, rid, created))
 
 
-def _aborted_chunks(head: dict[str, Any], choices: int, chat: bool) -> bytes:
+def _aborted_chunks(head: dict[str, Any], gen: Generation, cut: list[Any], first: bool) -> bytes:
     out = []
-    for index in range(choices):
+    ids = gen.return_token_ids
+    for index in range(len(cut)):
         choice: dict[str, Any] = {"index": index, "logprobs": None}
-        if chat:
+        if gen.chat:
             choice["delta"] = {}
         else:
             choice["text"] = ""
         choice["finish_reason"] = "abort"
         choice["stop_reason"] = None
+        if not gen.chat:
+            choice["prompt_token_ids"] = gen.prompts[index // gen.n] if ids and first else None
+        choice["token_ids"] = [] if ids else None
         out.append(b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n")
+    if gen.include_usage:
+        use = usage(gen, cut, details=False)
+        out.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": use}) + b"\n\n")
     out.append(b"data: [DONE]\n\n")
     return b"".join(out)
 
 
-def _decoded_estimate(run: Run, decode_ms_per_token: float, longest: int) -> int:
+def decoded_estimate(run: Run, decode_ms_per_token: float, samples: list[Any]) -> int:
+    """Decode steps an aborted generation made: counted (streams, or already
+    estimated), else estimated from its decode time; below the longest sample."""
+    longest = max((len(s.tokens) for s in samples), default=0)
     if run.decode_start is None or decode_ms_per_token <= 0:
-        return run.decoded
+        return min(run.decoded, max(0, longest - 1))
     steps = (trio.current_time() - run.decode_start) * 1000.0 / decode_ms_per_token
     return max(0, min(longest - 1, math.floor(steps)))

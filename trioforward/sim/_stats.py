@@ -43,6 +43,10 @@ class EngineStats:
       ``completed_by_version``: ``Counter[weight version]`` of generations answered in
       full under one version (``"None"``: no version set); ``completed_mixed``: answered
       in full after decoding under two versions (a keep pause across an update).
+    - ``tokens_decoded``: every token the engine generated, counted per sequence
+      (``n`` choices count ``n`` sequences), work a pause aborted or a client
+      hang-up cut short included: what decoding cost, to compare with the tokens
+      delivered.
     - ``rejected``: answers injected by the ``reject`` fault;
       ``faults``: ``Counter[fault name]`` of every fault applied.
 
@@ -77,6 +81,7 @@ class EngineStats:
         self.held = 0
         self.completed_by_version: Counter[str] = Counter()
         self.completed_mixed = 0
+        self.tokens_decoded = 0
         self.rejected = 0
         self.faults: Counter[str] = Counter()
         self._waiters = 0
