@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, typecheck, bench, real_engine."""
+"""nox sessions: tests, tests_pure_h11, lint, typecheck, bench, real_engine."""
 
 from __future__ import annotations
 
@@ -14,6 +14,17 @@ nox.options.reuse_existing_virtualenvs = True
 def tests(session: nox.Session) -> None:
     """Run the test suite in the current environment (install with `pip install -e .[test]`)."""
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=False)
+def tests_pure_h11(session: nox.Session) -> None:
+    """The test suite again on pure-Python h11 (TRIOFORWARD_H11=pure) for the pool, the
+    front and the sim: `tests` uses the compiled h11-mypyc when it is installed, so a
+    behaviour difference between the two fails one of the runs."""
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs,
+        env={"TRIOFORWARD_H11": "pure"},
+    )
 
 
 @nox.session

@@ -8,6 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from trioforward import _h11
+
+# The suite's gateways run in this process: Hypercorn (imported by the tests and
+# the server package) gets the h11 trioforward chose, as under `trioforward serve`.
+# `nox -s tests_pure_h11` runs the suite again with TRIOFORWARD_H11=pure.
+_h11.use_for_front()
+
 
 def open_fds() -> int:
     """How many file descriptors this process holds (Linux: /proc/self/fd)."""

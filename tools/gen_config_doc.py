@@ -61,6 +61,14 @@ The embedded client takes the same knobs:
 Times are in seconds. "unset" means no limit. Every value is validated when the
 settings are built; a bad one raises `SettingsError` naming the knob and the value.
 
+One variable is not a knob, because it is read once per process, when trioforward
+is imported: `{prefix}H11` chooses the HTTP/1.1 implementation of the pool, the
+simulated engine and the gateway's front — unset or `auto`: the compiled
+`h11-mypyc` when installed (`pip install 'trioforward[speedups]'`), else pure `h11`;
+`pure`: always `h11`; `compiled`: `h11-mypyc` or an `ImportError` naming the extra.
+See [performance](performance.md) ("The compiled h11") and
+[server](server.md) ("Which h11 the front uses").
+
 Example `trioforward.toml`:
 
 ```toml

@@ -28,6 +28,10 @@ class _LazyGroup(click.Group):
         if name not in _COMMANDS:
             return None
         module, attr, _ = _COMMANDS[name]
+        try:  # every command speaks HTTP/1.1 through it (a bad TRIOFORWARD_H11: exit 2)
+            importlib.import_module("trioforward._h11")
+        except (ValueError, ImportError) as error:
+            raise click.UsageError(str(error)) from None
         command: click.Command = getattr(importlib.import_module(module), attr)
         return command
 

@@ -17,9 +17,9 @@ import os
 import select
 from collections.abc import Awaitable, Callable
 
-import h11
 import trio
 
+from trioforward._h11 import h11
 from trioforward.http._errors import Phase
 from trioforward.http._phases import Attempt
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
-import h11
-
+from trioforward._h11 import h11
 from trioforward.http._errors import (
     ConnectError,
     ConnectTimeout,

@@ -14,9 +14,9 @@ import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import h11
 import trio
 
+from trioforward._h11 import h11
 from trioforward.http._connection import _ONE_WRITE, RECEIVE_SIZE
 from trioforward.http._errors import Phase
 from trioforward.http._h11_hooks import header_list

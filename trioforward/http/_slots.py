@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections import deque
 
-import h11
 import trio
 
+from trioforward._h11 import h11
 from trioforward.http._connection import Connection
 from trioforward.http._models import PoolStatistics, Target, parse_target
 from trioforward.http._phases import Attempt

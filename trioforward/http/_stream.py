@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import h11
 import trio
 
+from trioforward._h11 import h11
 from trioforward.http._connection import Connection
 from trioforward.http._errors import Phase, PoolTimeout
 from trioforward.http._h11_hooks import header_list

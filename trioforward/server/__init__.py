@@ -6,9 +6,16 @@ admin HTTP API, served by Hypercorn's trio worker (docs/server.md).
 
 from __future__ import annotations
 
-from trioforward.server._app import create_app
-from trioforward.server._metrics import Metrics
-from trioforward.server._serve import hypercorn_config, serve
-from trioforward.server._state import GatewayState, get_state
+from trioforward import _h11
+
+# Before anything here imports Hypercorn: its HTTP/1.1 protocol imports ``h11`` by
+# name, and this makes that name the implementation trioforward._h11 chose (the
+# compiled h11-mypyc when installed). docs/server.md, "Which h11 the front uses".
+_h11.use_for_front()
+
+from trioforward.server._app import create_app  # noqa: E402
+from trioforward.server._metrics import Metrics  # noqa: E402
+from trioforward.server._serve import hypercorn_config, serve  # noqa: E402
+from trioforward.server._state import GatewayState, get_state  # noqa: E402
 
 __all__ = ["create_app", "serve", "hypercorn_config", "GatewayState", "get_state", "Metrics"]

@@ -193,7 +193,9 @@ def run(settings: Settings, *, bind: str | None = None) -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(functools.partial(serve_app, app, settings, bind=bind))
-            log.info("listening on %s (open files limit %d)", " ".join(binds), nofile)
+            log.info(
+                "listening on %s (open files limit %d, HTTP/1.1 by %s)", " ".join(binds), nofile, _h11_used()
+            )
 
     try:
         trio.run(main)
@@ -203,6 +205,17 @@ def run(settings: Settings, *, bind: str | None = None) -> None:
         log.error("gateway failed: %s (see the log above for the cause)", _root(exc))
         raise SystemExit(1) from None
     log.info("stopped")
+
+
+def _h11_used() -> str:
+    """Which h11 the front and the pool use, and the extra to install for the compiled one."""
+    from trioforward import _h11
+
+    front = _h11.front_h11().__name__
+    used = _h11.name if front == _h11.name else f"{_h11.name} (pool), {front} (front)"
+    if _h11.name == _h11.PURE and _h11.ENV not in os.environ:
+        used += "; pip install 'trioforward[speedups]' for the compiled h11 (less CPU per request)"
+    return used
 
 
 def _root(exc: BaseException) -> BaseException:

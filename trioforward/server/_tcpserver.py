@@ -37,9 +37,8 @@ from __future__ import annotations
 import logging
 import os
 from math import inf
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import h11
 import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol import ProtocolWrapper
@@ -48,7 +47,13 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr
 
+from trioforward._h11 import front_h11
 from trioforward.server._appchannel import AppTaskGroup, Send
+
+if TYPE_CHECKING:
+    import h11
+else:
+    h11 = front_h11()  # the h11 Hypercorn's H11Protocol uses (trioforward._h11)
 
 __all__ = ["KeepAliveTCPServer"]
 

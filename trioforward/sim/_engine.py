@@ -29,10 +29,10 @@ import socket
 import time
 from collections.abc import Collection, Mapping
 
-import h11
 import orjson
 import trio
 
+from trioforward._h11 import h11
 from trioforward._listener import BurstListener
 from trioforward.sim._adapters import NOT_FOUND_DETAIL, Adapters
 from trioforward.sim._api import ApiError, Generation, complete_body, parse_generation

@@ -20,8 +20,9 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-import h11
 import trio
+
+from trioforward._h11 import h11
 
 if TYPE_CHECKING:
     from trioforward.sim._engine import SimEngine
