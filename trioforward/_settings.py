@@ -25,7 +25,7 @@ from trioforward._state_url import StateURLError, check_state_url, redact_url
 __all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES", "RENAMED_KNOBS"]
 
 ROUTING_POLICIES = ("least-outstanding", "round-robin", "session", "prefix")
-ENGINE_KINDS = ("auto", "vllm", "sglang", "none")
+ENGINE_KINDS = ("auto", "vllm", "sglang", "openai", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "TRIOFORWARD_"
 
@@ -81,7 +81,8 @@ class Settings:
     max_registered_adapters: int = _knob(1024, "adapters the gateway keeps registered; beyond, the least recently used one not in use is forgotten; 0 = unlimited", "adapters", "adapters")
     adapter_max_attempts: int = _knob(6, "completion attempts while an adapter is being loaded", "attempts", "adapters")
     adapter_backoff_max: float = _knob(2.0, "largest backoff between adapter retries (0.1*2^k)", "s", "adapters")
-    engine_kind: str = _knob("auto", "weight-update endpoints of the engines: auto (detected at the first engine pause) | vllm | sglang | none (docs/operations.md)", "")
+    engine_kind: str = _knob("auto", "kind of every engine: auto (detected from its own endpoints when registered) | vllm | sglang | openai (any other OpenAI-compatible server; none is its former name); drives weight updates, health probes, adapter loading and the token routes (docs/operations.md)", "")
+    engine_kinds: dict[str, str] = _knob({}, "kind of single engines, overriding engine_kind: URL = vllm | sglang | openai", "URL=kind")
     engine_control_timeout: float = _knob(30.0, "timeout of one engine pause/resume/version call (a pause in mode wait: dispatch_timeout)", "s")
     max_outstanding: int = _knob(262144, "requests outstanding (queued + running), and unfinished Tinker samples, beyond which new ones get 429; 0 = unlimited; formerly max_queued", "requests")
 
@@ -120,6 +121,8 @@ class Settings:
             raise SettingsError("prefix_tokens", self.prefix_tokens, "must be >= 1")
         if self.engine_kind not in ENGINE_KINDS:
             raise SettingsError("engine_kind", self.engine_kind, f"must be one of {', '.join(ENGINE_KINDS)}")
+        if self.engine_kinds:
+            object.__setattr__(self, "engine_kinds", _engine_kinds(self.engine_kinds))
         # Python's level names are upper case (`--log-level DEBUG`): either case is read.
         object.__setattr__(self, "log_level", self.log_level.lower())
         if self.log_level not in LOG_LEVELS:
@@ -376,6 +379,21 @@ def _validate_state_url(url: str) -> None:
     except StateURLError as exc:
         # The value is redacted: a state URL may carry a password.
         raise SettingsError("state_url", redact_url(url), exc.reason) from None
+
+
+def _engine_kinds(kinds: dict[str, str]) -> dict[str, str]:
+    """``engine_kinds`` keyed as the registry keys engines (docs/server.md, "Engine URLs")."""
+    from trioforward._engine_url import EngineURLError, engine_url
+
+    out: dict[str, str] = {}
+    for url, kind in kinds.items():
+        if kind not in ENGINE_KINDS[1:4]:
+            raise SettingsError("engine_kinds", {url: kind}, f"a kind must be one of {', '.join(ENGINE_KINDS[1:4])}")
+        try:
+            out[engine_url(url)] = kind
+        except EngineURLError as exc:
+            raise SettingsError("engine_kinds", url, exc.reason) from None
+    return out
 
 
 def _validate_engine_url(url: str) -> None:

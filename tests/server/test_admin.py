@@ -166,3 +166,22 @@ async def test_admin_changes_are_logged_one_line_each(
     assert "\n" not in lines[2]
     assert lines[3].startswith("DELETE /admin/engines?url=http%3A%2F%2F127.0.0.1%3A9 404 ")
     assert lines[3].endswith("s body=-")
+
+
+async def test_admin_engines_shows_each_kind_and_takes_one(fd_baseline: int) -> None:
+    async with open_sim() as vllm, open_sim(kind="sglang") as sglang, open_gateway(vllm.url) as gw:
+        dispatch = gw.app.extensions["trioforward"].client
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            bad = await client.post("/admin/engines", json={"url": sglang.url, "kind": "tgi"})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "kind"
+            added = await client.post("/admin/engines", json={"url": sglang.url, "kind": "sglang"})
+            assert added.status_code == 201
+            with trio.fail_after(10):
+                for url in (vllm.url, sglang.url):
+                    await dispatch.engines.wait_kind(url)
+            engines = (await client.get("/admin/engines")).json()["engines"]
+        assert [(e["url"], e["kind"], e["token_route"]) for e in engines] == [
+            (vllm.url, "vllm", False),
+            (sglang.url, "sglang", True),
+        ]
+        assert sglang.stats.by_path["/model_info"] == 0  # set, not detected

@@ -19,6 +19,7 @@ from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._client import Client, open_client
 from trioforward.dispatch._engine_control import ENGINE_MODES
 from trioforward.dispatch._engines import EngineInfo
+from trioforward.dispatch._kinds import KINDS as ENGINE_KINDS
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.dispatch._weights import (
@@ -40,6 +41,7 @@ __all__ = [
     "Engines",
     "AdapterRegistry",
     "ENGINE_MODES",
+    "ENGINE_KINDS",
     "EnginePause",
     "fleet_pause_args",
     "fleet_pause_value",

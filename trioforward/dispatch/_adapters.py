@@ -5,6 +5,11 @@ An adapter known to the registry is loaded on an engine on demand with
 are single-flight per (engine, adapter): the first request that needs one starts
 it, every other request for the same pair waits on that load and shares its
 outcome. A 400 saying the adapter "has already been loaded" is success.
+
+SGLang engines (kind ``sglang``) take the same bodies without ``/v1``:
+``POST /load_lora_adapter`` / ``POST /unload_lora_adapter``, answering 200 or
+400 with ``{"success", "error_message", "loaded_adapters"}``
+(``srt/entrypoints/http_server.py``, ``io_struct.LoRAUpdateOutput``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ from trioforward.http import ConnectionPool, PoolError
 __all__ = ["AdapterRegistry", "AdapterLoader"]
 
 log = logging.getLogger("trioforward.dispatch")
+
+
+def _lora_path(engine: Engine, call: str) -> str:
+    """The adapter route ``call`` (``load`` / ``unload``) of ``engine``'s kind."""
+    return f"/{call}_lora_adapter" if engine.kind == "sglang" else f"/v1/{call}_lora_adapter"
 
 
 class AdapterRegistry:
@@ -225,7 +235,7 @@ class AdapterLoader:
         try:
             response = await self.pool.request(
                 "POST",
-                engine.url + "/v1/load_lora_adapter",
+                engine.url + _lora_path(engine, "load"),
                 headers=[(b"content-type", b"application/json")],
                 content=body,
                 deadline=deadline,
@@ -252,7 +262,7 @@ class AdapterLoader:
         if status == 404:
             raise AdapterLoadError(
                 f"cannot load LoRA adapter {name!r} (path {path!r}) on {engine.url}: "
-                f"POST /v1/load_lora_adapter answered 404 (runtime LoRA loading disabled, "
+                f"POST {_lora_path(engine, 'load')} answered 404 (runtime LoRA loading disabled, "
                 f"or no adapter at that path): {detail}",
                 adapter=name,
                 status=502,
@@ -287,7 +297,7 @@ class AdapterLoader:
         try:
             response = await self.pool.request(
                 "POST",
-                engine.url + "/v1/unload_lora_adapter",
+                engine.url + _lora_path(engine, "unload"),
                 headers=[(b"content-type", b"application/json")],
                 content=orjson.dumps({"lora_name": name}),
                 deadline=deadline,

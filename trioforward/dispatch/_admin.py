@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from trioforward.dispatch._kinds import KINDS
+
 from trioforward.dispatch._engines import Engine, EngineInfo, Registry
 
 __all__ = ["Engines"]
@@ -21,22 +23,30 @@ class Engines:
 
     __slots__ = ("_registry", "_on_added")
 
-    def __init__(self, registry: Registry, on_added: Callable[[Engine], None]) -> None:
+    def __init__(self, registry: Registry, on_added: Callable[[Engine, str | None], None]) -> None:
         self._registry = registry
         self._on_added = on_added
 
-    def add(self, url: str) -> EngineInfo:
-        """Register ``url`` (``http://host:port``); starts its health probes. Idempotent.
+    def add(self, url: str, kind: str | None = None) -> EngineInfo:
+        """Register ``url`` (``http://host:port``); starts its health probes and the
+        detection of its kind. Idempotent (a known engine keeps its kind).
+
+        ``kind``: ``"vllm"``, ``"sglang"`` or ``"openai"`` set by the operator;
+        ``None``: ``engine_kinds`` / ``engine_kind``, else detected
+        (docs/operations.md, "Engine kinds").
 
         Raises :class:`~trioforward._engine_url.EngineURLError` (a ``ValueError``)
-        saying what is wrong with a bad URL (docs/server.md, "Engine URLs").
+        saying what is wrong with a bad URL (docs/server.md, "Engine URLs"), and
+        ``ValueError`` for another ``kind``.
 
         An engine added while every engine is paused (``pause()`` with no list)
         starts paused too.
         """
+        if kind is not None and kind not in KINDS:
+            raise ValueError(f"an engine kind is one of {', '.join(KINDS)} (got {kind!r})")
         engine, new = self._registry.add(url)
         if new:
-            self._on_added(engine)
+            self._on_added(engine, kind)
         return engine.info()
 
     def remove(self, url: str) -> bool:
@@ -61,6 +71,14 @@ class Engines:
             raise ValueError(f"an engine share is at least 1 request (got {tokens})")
         else:
             engine.limiter.total_tokens = tokens
+
+    async def wait_kind(self, url: str) -> EngineInfo:
+        """Return once ``url``'s kind and token route are known (detected or set,
+        docs/operations.md, "Engine kinds"): its snapshot. Raises ``KeyError``
+        for an unknown engine. Unbounded: put a deadline around it."""
+        engine = self._registry.get(url)
+        await engine.kind_known.wait()
+        return engine.info()
 
     def list(self) -> list[EngineInfo]:
         """A snapshot of every engine, in registration order."""

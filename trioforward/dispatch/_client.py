@@ -25,6 +25,7 @@ from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._gating import PauseGate
 from trioforward.dispatch._health import health_loop
+from trioforward.dispatch._kinds import detect_loop, kind_setting
 from trioforward.dispatch._prefix import request_prefix_key
 from trioforward.dispatch._request import (
     HeaderInput,
@@ -75,11 +76,13 @@ class Client(PauseGate):
         )
         self._dispatcher = Dispatcher(settings, self._registry, pool, self._loader)
         self._paused_all = False
+        self._kinds = dict(settings.engine_kinds)  # URL -> kind set by the operator
         control = EngineControl(
             control_pool,
-            settings.engine_kind,
+            self.configured_kind,
             settings.engine_control_timeout,
             settings.dispatch_timeout,
+            self._registry.by_url.get,
         )
         self.weights = WeightUpdates(self._registry, self._dispatcher, control)
         self._session_routing = settings.routing in ("session", "prefix")
@@ -100,10 +103,21 @@ class Client(PauseGate):
 
         self._nursery.start_soon(readmit)
 
-    def _engine_added(self, engine: Engine) -> None:
+    def configured_kind(self, url: str) -> str | None:
+        """The kind the operator gave engine ``url`` (``engine_kinds``, else
+        ``engine_kind``); ``None``: detected (docs/operations.md, "Engine kinds")."""
+        kind = self._kinds.get(url)
+        return kind if kind is not None else kind_setting(self.settings.engine_kind)
+
+    def _engine_added(self, engine: Engine, kind: str | None = None) -> None:
+        if kind is not None:
+            self._kinds[engine.url] = kind
         if self._paused_all:
             self._registry.set_paused(engine, True)
         s = self.settings
+        self._nursery.start_soon(
+            detect_loop, self._control_pool, engine, self.configured_kind(engine.url), s.health_timeout
+        )
         if s.health_interval > 0:
             self._nursery.start_soon(
                 lambda: health_loop(

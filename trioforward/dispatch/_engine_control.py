@@ -16,21 +16,25 @@ Sources: vLLM 0.32 ``vllm/entrypoints/rl/online/api_router.py`` (served with
 ``io_struct.PauseGenerationReqInput`` / ``UpdateWeightVersionReqInput`` (whose
 ``abort_all_requests`` defaults to true, so it is always sent).
 
-The kind is configured (``engine_kind``) or, with ``auto``, detected once per
-engine at its first pause: ``GET /is_paused`` answering ``{"is_paused": ...}``
-is vLLM in dev mode; ``GET /get_weight_version`` answering 200 is SGLang;
-anything else is ``none``.
+The control kind follows the engine's kind (``_kinds.py``): ``sglang`` is
+``sglang``, ``openai`` is ``none``; a configured ``vllm`` is ``vllm``, a
+detected one is ``vllm`` only if ``GET /is_paused`` answers
+``{"is_paused": ...}`` (dev mode), else ``none``. An engine whose kind is not
+known yet at its first pause is asked then: ``/is_paused``, then SGLang's
+``GET /model_info`` (``/get_weight_version`` is gone from SGLang 0.5.21).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import trio
 
+from trioforward.dispatch._engines import Engine
 from trioforward.errors import EngineControlError
 from trioforward.http import ConnectionPool, PoolError
 
@@ -54,36 +58,52 @@ class EngineControl:
     """Kinds and weight-update calls of a client's engines (one per client)."""
 
     def __init__(
-        self, pool: ConnectionPool, kind: str, timeout: float, wait_timeout: float | None
+        self,
+        pool: ConnectionPool,
+        configured: Callable[[str], str | None],
+        timeout: float,
+        wait_timeout: float | None,
+        engine: Callable[[str], Engine | None] = lambda url: None,
     ) -> None:
         self._pool = pool
-        self._configured = kind
+        self._configured = configured  # engine URL -> its configured kind, None = auto
+        self._engine = engine
         self._timeout = timeout
         self._wait_timeout = math.inf if wait_timeout is None else wait_timeout
-        self.kinds: dict[str, str] = {}  # engine URL -> detected kind
+        self.kinds: dict[str, str] = {}  # engine URL -> detected control kind
 
     async def kind(self, url: str) -> str:
-        """The engine's kind: configured, else detected (once; raises
+        """The engine's control kind (``vllm``, ``sglang`` or ``none``): from its
+        configured or detected kind, asked once when needed (raises
         :class:`EngineControlError` if the engine cannot be reached)."""
-        if self._configured != "auto":
-            return self._configured
+        configured = self._configured(url)
+        if configured is not None:
+            return "none" if configured == "openai" else configured
         kind = self.kinds.get(url)
         if kind is None:
             kind = self.kinds[url] = await self._detect(url)
             if kind == "none":
                 log.warning(
                     "engine %s serves no weight-update endpoints (neither vLLM dev mode's "
-                    "/is_paused nor SGLang's /get_weight_version): paused at the gateway only",
+                    "/is_paused nor SGLang's): paused at the gateway only",
                     url,
                 )
         return kind
 
     async def _detect(self, url: str) -> str:
+        engine = self._engine(url)
+        known = engine.kind if engine is not None and engine.kind_known.is_set() else None
+        if known == "sglang":
+            return "sglang"
+        if known == "openai":
+            return "none"
         status, body = await self._call(url, "GET", "/is_paused")
         if status == 200 and isinstance(body, dict) and "is_paused" in body:
             return "vllm"
-        status, body = await self._call(url, "GET", "/get_weight_version")
-        return "sglang" if status == 200 else "none"
+        if known == "vllm":
+            return "none"
+        status, body = await self._call(url, "GET", "/model_info")
+        return "sglang" if status == 200 and isinstance(body, dict) and "weight_version" in body else "none"
 
     async def pause(self, url: str, kind: str, mode: str) -> None:
         """Pause the engine in gateway ``mode`` (see :data:`ENGINE_MODES`)."""

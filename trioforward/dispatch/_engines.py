@@ -42,7 +42,11 @@ class EngineInfo:
     ``capacity``: its limiter size (0 = unlimited); ``consecutive_failures``:
     failed health probes and connects since the last success; ``share``: requests
     this process may run on it at once (its limiter's tokens: ``capacity`` unless
-    a fleet set a smaller share, docs/fleet.md; 0 = unlimited).
+    a fleet set a smaller share, docs/fleet.md; 0 = unlimited); ``kind``:
+    ``"vllm"``, ``"sglang"``, ``"openai"`` or ``None`` (not known yet);
+    ``token_route``: whether it serves its kind's token route (SGLang
+    ``/generate``, vLLM ``/inference/v1/generate``; ``None``: not known yet;
+    docs/operations.md, "Engine kinds").
     """
 
     url: str
@@ -53,6 +57,8 @@ class EngineInfo:
     capacity: int
     consecutive_failures: int
     share: int = 0
+    kind: str | None = None
+    token_route: bool | None = None
 
 
 class Engine:
@@ -77,6 +83,10 @@ class Engine:
         "health_scope",
         "paused_since",
         "ejections",
+        "kind",
+        "token_route",
+        "kind_known",
+        "health_path",
     )
 
     def __init__(self, url: str, capacity: int) -> None:
@@ -98,6 +108,11 @@ class Engine:
         self.waiters: dict[Request, None] = {}  # parked in the limiter, oldest first
         self._idle: trio.Event | None = None
         self.health_scope: trio.CancelScope | None = None
+        # Set by the kind detection (_kinds.py); kind_known once both are.
+        self.kind: str | None = None
+        self.token_route: bool | None = None
+        self.kind_known = trio.Event()
+        self.health_path = "/health"  # SGLang: "/ready" (_health.py)
 
     @property
     def outstanding(self) -> int:
@@ -118,6 +133,8 @@ class Engine:
             self.capacity,
             self.consecutive_failures,
             int(tokens) if (tokens := self.limiter.total_tokens) != math.inf else 0,
+            self.kind,
+            self.token_route if self.kind_known.is_set() else None,
         )
 
     def reroute_waiters(self) -> None:

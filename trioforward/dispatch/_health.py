@@ -1,5 +1,13 @@
 """Health probes (docs/design.md, "Engines, capacity and routing"): ``GET /health`` every ``health_interval``.
 
+An SGLang engine is probed on ``GET /ready`` (SGLang 0.5.20+: 200 when started,
+healthy and not paused, else 503; ``/health`` submits a one-token generation
+that waits while the engine is paused and answers 503 after 20 s,
+``srt/entrypoints/http_server.py``); one without ``/ready`` (404, older
+releases) on ``/health``. A failed probe of an SGLang engine the gateway paused
+is not counted: a paused SGLang is not ready, by design, and ejecting it would
+take every engine of a weight update out of the fleet.
+
 One task per engine, in the client's nursery, on a pool of its own (unlimited
 connections) so that a saturated engine, whose forwarding connection slots are
 all busy, is not mistaken for a dead one. ``health_failures`` failures in a row
@@ -18,13 +26,18 @@ __all__ = ["probe_once", "health_loop"]
 
 
 async def probe_once(pool: ConnectionPool, engine: Engine, probe_timeout: float) -> bool:
-    """One probe: True if ``GET /health`` answered 2xx within ``probe_timeout`` seconds."""
+    """One probe: True if ``GET /health`` (SGLang: ``/ready``) answered 2xx within
+    ``probe_timeout`` seconds."""
+    path = engine.health_path
     try:
         response = await pool.request(
-            "GET", engine.url + "/health", deadline=trio.current_time() + probe_timeout
+            "GET", engine.url + path, deadline=trio.current_time() + probe_timeout
         )
     except PoolError:
         return False
+    if response.status == 404 and path != "/health":
+        engine.health_path = "/health"  # an SGLang before 0.5.20: no /ready
+        return await probe_once(pool, engine, probe_timeout)
     return 200 <= response.status < 300
 
 
@@ -52,5 +65,5 @@ async def health_loop(
                 break
             if ok:
                 registry.record_success(engine, probe=True)
-            else:
+            elif not (engine.paused and engine.kind == "sglang"):
                 registry.record_failure(engine)

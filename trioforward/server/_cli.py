@@ -49,6 +49,7 @@ _METAVARS = {
     "port": "PORT",
     "routing": "POLICY",
     "engine_kind": "KIND",
+    "engine_kinds": "URL=KIND,...",
     "log_level": "LEVEL",
     "admin_token": "TOKEN",
     "fleet_name": "NAME",

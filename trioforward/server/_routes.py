@@ -3,8 +3,10 @@
 Admin API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
 
 - ``GET /admin/engines`` -> ``{"engines": [{"url", "healthy", "paused", "in_flight",
-  "queued", "capacity", "consecutive_failures"}]}``
-- ``POST /admin/engines {"url"}`` adds an engine; ``DELETE /admin/engines {"url"}``
+  "queued", "capacity", "consecutive_failures", "kind", "token_route"}]}`` (``kind``:
+  vllm | sglang | openai | null while not known; ``token_route``: whether it serves its
+  kind's token route, docs/operations.md, "Engine kinds")
+- ``POST /admin/engines {"url", "kind"?}`` adds an engine; ``DELETE /admin/engines {"url"}``
   (or ``?url=``) removes it (its in-flight requests are aborted by the dispatch core).
 - ``POST /admin/pause {"engines": [url, ...] | null, "mode": "wait" | "abort",
   "engine_mode": "keep" | "retract" | "wait" | "abort" | null, "replay": bool}``:
@@ -37,7 +39,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward._engine_url import EngineURLError, engine_url
-from trioforward.dispatch import ENGINE_MODES, fleet_pause_value, pause_conflict
+from trioforward.dispatch import ENGINE_KINDS, ENGINE_MODES, fleet_pause_value, pause_conflict
 from trioforward.errors import EngineControlError
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
@@ -129,6 +131,8 @@ def _engines_json(state: GatewayState) -> dict[str, Any]:
                 "queued": e.queued,
                 "capacity": e.capacity,
                 "consecutive_failures": e.consecutive_failures,
+                "kind": e.kind,
+                "token_route": e.token_route,
             }
             for e in state.client.engines.list()
         ]
@@ -260,14 +264,20 @@ def install_routes(app: QuartTrio) -> None:
     @app.post("/admin/engines")
     async def add_engine() -> Response:
         state = get_state()
-        url = _url((await _body("url")).get("url"))
+        data = await _body("url", "kind")
+        url = _url(data.get("url"))
+        kind = data.get("kind")
+        if kind is not None and kind not in ENGINE_KINDS:
+            raise bad_request(f"'kind' must be null or one of {', '.join(ENGINE_KINDS)}", "kind")
+        if kind is not None and state.fleet is not None:
+            raise bad_request("in fleet mode an engine's kind is set with engine_kinds", "kind")
         # Idempotent, as PUT would be: re-adding a registered engine is 200 with
         # the list unchanged; 201 only when this call created the record.
         known = url in {e.url for e in state.client.engines.list()}
         if state.fleet is not None:
             await _fleet_wide(state.fleet.control.add_engine(url))
         else:
-            state.client.engines.add(url)
+            state.client.engines.add(url, kind)
         return _json(_engines_json(state), 200 if known else 201)
 
     @app.delete("/admin/engines")

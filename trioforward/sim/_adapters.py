@@ -108,6 +108,7 @@ class Adapters:
         self.lazy_seconds = lazy_seconds
         self.missing_paths = set(missing_paths)
         self.runtime_lora = runtime_lora
+        self.owned_by = "vllm"  # /v1/models cards' owner (the engine kind's)
         self.missing_status = missing_status
         self.load_seconds = load_seconds
         self.max_model_len = max_model_len
@@ -230,7 +231,7 @@ class Adapters:
                 "id": name,
                 "object": "model",
                 "created": created,
-                "owned_by": "vllm",
+                "owned_by": self.owned_by,
                 "root": root,
                 "parent": parent,
                 "max_model_len": length,

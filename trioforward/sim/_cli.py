@@ -129,10 +129,10 @@ _SECONDS = click.FloatRange(min=0)
 )
 @click.option(
     "--kind",
-    type=click.Choice(["vllm", "sglang", "none"]),
+    type=click.Choice(["vllm", "sglang", "none", "openai"]),
     default="vllm",
     show_default=True,
-    help="Weight-update endpoints served: vLLM dev mode (/pause ...), SGLang (/pause_generation ...) or none.",
+    help="The engine simulated: vLLM 0.32 in dev mode (/pause ...), SGLang's native API (/generate, /pause_generation ...), vLLM without dev mode (none) or a plain OpenAI-compatible server.",
 )
 def sim_engine(
     host: str,

@@ -44,7 +44,9 @@ from trioforward.sim._prefix_cache import (
     cache_outputs,
     prefill_tokens,
 )
+from trioforward.sim import _sglang_lora
 from trioforward.sim._rl import RLControl, Run, answer_aborted, decoded_estimate
+from trioforward.sim._sglang_info import INFO_PATHS, serve_info
 from trioforward.sim._stats import EngineStats
 from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
 from trioforward.sim._timing import TimingModel
@@ -55,6 +57,7 @@ log = logging.getLogger("trioforward.sim")
 
 _JSON = b"application/json"
 _SSE = STREAM_CONTENT_TYPE
+_VLLM_VERSION = b'{"version":"0.32.0"}'  # GET /version of the vLLM release modelled
 
 
 class SimEngine(TimingModel):
@@ -91,6 +94,7 @@ class SimEngine(TimingModel):
         prefix_cache_tokens: int = 0,
         block_size: int = DEFAULT_BLOCK_SIZE,
         kind: str = "vllm",
+        health_check_timeout: float = 20.0,
     ) -> None:
         if capacity < 0:
             raise ValueError("capacity must be >= 0 (0 = unlimited)")
@@ -131,6 +135,10 @@ class SimEngine(TimingModel):
         self._stall_slowdown = 1.0
         self._stall_changed = trio.Event()
         self.rl = RLControl(kind, self.stats, self._wake_decoders)
+        self.kind = kind
+        self.adapters.owned_by = {"sglang": "sglang", "openai": "openai"}.get(kind, "vllm")
+        # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT: how long /health waits while paused.
+        self.health_check_timeout = health_check_timeout
         self._serving: trio.CancelScope | None = None
         self._stopped = trio.Event()
 
@@ -239,13 +247,22 @@ class SimEngine(TimingModel):
             if method != b"POST":
                 return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')
             return await self._generation(ex, path == "/v1/chat/completions", body)
+        if self.kind == "sglang":
+            if path in INFO_PATHS and method == b"GET":
+                return await ex.respond(*await serve_info(self, path))
+            if path == "/load_lora_adapter" and method == b"POST":
+                return await ex.respond(*await _sglang_lora.load(self.adapters, body))
+            if path == "/unload_lora_adapter" and method == b"POST":
+                return await ex.respond(*_sglang_lora.unload(self.adapters, body))
         if path == "/health":
             return await ex.respond(self.faults.health_status, b"", b"")  # vLLM: no content type
+        if path == "/version" and self.kind in ("vllm", "none"):
+            return await ex.respond(200, _JSON, _VLLM_VERSION)
         if path == "/v1/models":
             return await ex.respond(200, _JSON, self.adapters.models_body(int(time.time())))
-        if path == "/v1/load_lora_adapter" and method == b"POST":
+        if path == "/v1/load_lora_adapter" and method == b"POST" and self.kind != "sglang":
             return await ex.respond(*await self.adapters.load(body))
-        if path == "/v1/unload_lora_adapter" and method == b"POST":
+        if path == "/v1/unload_lora_adapter" and method == b"POST" and self.kind != "sglang":
             return await ex.respond(*self.adapters.unload(body))
         if path == "/reset_prefix_cache" and method == b"POST":
             if self.prefix_cache is not None:

@@ -34,6 +34,7 @@ class EngineOptions(TypedDict, total=False):
     prefix_cache_tokens: int
     block_size: int
     kind: str
+    health_check_timeout: float
 
 
 @asynccontextmanager
@@ -59,9 +60,13 @@ async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngi
       ``block_size``: its block size in tokens (default 16, as vLLM).
     - ``max_model_len``: the model length in tokens (None = unlimited): a longer
       prompt is refused with vLLM's 400, prompt + ``max_tokens`` beyond it is cut.
-    - ``kind``: which weight-update endpoints it serves: ``"vllm"`` (default: vLLM's
-      dev-mode ``/pause``, ``/resume``, ...), ``"sglang"`` (``/pause_generation``,
-      ``/continue_generation``, ...) or ``"none"`` (docs/sim.md, "Weight updates").
+    - ``kind``: which engine it is: ``"vllm"`` (default: vLLM 0.32 with its
+      dev-mode ``/pause``, ``/resume``, ...), ``"none"`` (vLLM without dev mode),
+      ``"sglang"`` (SGLang's native API: ``/model_info``, ``/ready``,
+      ``/pause_generation``, ...) or ``"openai"`` (an OpenAI-compatible server
+      with nothing else; docs/sim.md, "Weight updates").
+    - ``health_check_timeout``: ``"sglang"``: seconds ``/health`` waits while
+      paused before answering 503 (SGLang's 20 s).
 
     On exit every connection is closed and background work is cancelled.
     Raises ``OSError`` if the port cannot be bound.

@@ -20,9 +20,11 @@ Two engine *kinds* serve them (``open_engine(kind=...)``, docs/sim.md):
   ``{"message": "Generation paused successfully.", "status": "ok"}``;
 - ``POST /continue_generation`` → ``{"message": "Generation continued successfully.", ...}``;
 - ``POST /update_weight_version {"new_version", "abort_all_requests": true}`` (SGLang's
-  default aborts every running request) and ``GET /get_weight_version``.
+  default aborts every running request); the version is read on ``GET /model_info``
+  (``_sglang_info.py``; ``/get_weight_version`` is gone from SGLang 0.5.21).
 
-``"none"``: none of these paths exist (404), as a vLLM without dev mode.
+``"none"`` (a vLLM without dev mode) and ``"openai"`` (another OpenAI-compatible
+server): none of these paths exist (404).
 
 Semantics (both kinds): while paused, new generation requests are *held* (they
 wait, unanswered, until resume). ``abort`` ends every running or queued
@@ -50,13 +52,13 @@ from trioforward.sim._stream import STREAM_CONTENT_TYPE
 
 __all__ = ["RLControl", "Run", "ENGINE_KINDS", "answer_aborted", "decoded_estimate"]
 
-ENGINE_KINDS = ("vllm", "sglang", "none")
+ENGINE_KINDS = ("vllm", "sglang", "none", "openai")
 _FREEZE = frozenset({"keep", "in_place", "retract"})
 _VLLM_PATHS = frozenset(
     {"/pause", "/resume", "/is_paused", "/abort_requests", "/update_weight_version", "/weight_info"}
 )
 _SGLANG_PATHS = frozenset(
-    {"/pause_generation", "/continue_generation", "/update_weight_version", "/get_weight_version"}
+    {"/pause_generation", "/continue_generation", "/update_weight_version"}
 )
 
 Answer = tuple[int, bytes, bytes]  # status, content type, body
@@ -239,8 +241,6 @@ class RLControl:
         return _json(200, {"success": True, "new_version": version})
 
     async def _sglang(self, path: str, method: bytes, data: dict[str, Any]) -> Answer:
-        if path == "/get_weight_version":
-            return _json(200, {"weight_version": self.weight_version})
         if method != b"POST":
             return _json(405, {"detail": "Method Not Allowed"})
         if path == "/pause_generation":
