@@ -32,6 +32,7 @@ _GROUPS = [
     ("server", "Gateway server"),
     ("tinker", "Tinker futures"),
     ("fleet", "Fleet mode (docs/fleet.md)"),
+    ("tracing", "Traces (docs/operations.md)"),
 ]
 
 _HEADER = """\

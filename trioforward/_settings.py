@@ -98,6 +98,11 @@ class Settings:
     keep_alive: float = _knob(75.0, "server keep-alive timeout for client connections", "s", "server")
     max_body_size: int = _knob(64 * 1024 * 1024, "largest request body; 413 beyond", "bytes", "server")
 
+    # --- traces (docs/operations.md, "End-to-end traces") ---------------------
+    otlp_endpoint: str | None = _knob(None, "OpenTelemetry collector base URL (http://host:4318): spans go to URL/v1/traces over OTLP/HTTP protobuf; unset = the OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT variables, and no tracing without them (needs the tracing extra)", "URL", "tracing")
+    trace_sample_ratio: float | None = _knob(None, "fraction 0..1 of new traces sampled (a client's traceparent decides its own); unset = OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG, else all", "ratio", "tracing")
+    service_name: str | None = _knob(None, "service.name of the gateway's spans; unset = OTEL_SERVICE_NAME, else trioforward", "", "tracing")
+
     # --- Tinker futures -------------------------------------------------------
     future_hold: float = _knob(30.0, "longest a retrieve_future poll is held before 408", "s", "tinker")
     future_retention: float = _knob(300.0, "how long a delivered result is kept for re-polls", "s", "tinker")
@@ -143,6 +148,12 @@ class Settings:
             raise SettingsError("fleet_name", self.fleet_name, "must be non-empty, without braces, colons or spaces")
         if self.state_url is not None:
             _validate_state_url(self.state_url)
+        if self.otlp_endpoint is not None:
+            _validate_otlp_endpoint(self.otlp_endpoint)
+        if self.trace_sample_ratio is not None and not 0 <= self.trace_sample_ratio <= 1:
+            raise SettingsError("trace_sample_ratio", self.trace_sample_ratio, "must be in 0..1")
+        if self.service_name is not None and not self.service_name.strip():
+            raise SettingsError("service_name", self.service_name, "must not be empty")
 
     @property
     def connections_per_engine(self) -> int:
@@ -403,3 +414,13 @@ def _validate_engine_url(url: str) -> None:
         engine_url(url)
     except EngineURLError as exc:
         raise SettingsError("engines", url, exc.reason) from None
+
+
+def _validate_otlp_endpoint(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError("otlp_endpoint", url, "must be an http:// or https:// URL with a host (the collector's base URL, e.g. http://127.0.0.1:4318)")
+    if parts.path.rstrip("/").endswith("/v1/traces"):
+        raise SettingsError("otlp_endpoint", url, "is the base URL: /v1/traces is added (give http://host:4318)")

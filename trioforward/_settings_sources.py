@@ -14,8 +14,8 @@ from trioforward._settings import ENV_PREFIX, RENAMED_KNOBS, Settings, SettingsE
 __all__ = ["knob_table", "warn_unknown_variables"]
 
 # TRIOFORWARD_* variables that are not knobs: the config file, the process's h11
-# (trioforward/_h11.py), the server's worker hand-over, the real-engine suite's switches.
-_OTHER_VARIABLES = ("CONFIG", "H11", "WORKER_SETTINGS", "WORKER_FD", "REAL_ENGINE", "RECORD_FIXTURES")
+# (trioforward/_h11.py), the server's worker hand-over (and slot), the real-engine suite's switches.
+_OTHER_VARIABLES = ("CONFIG", "H11", "WORKER_SETTINGS", "WORKER_FD", "WORKER_INDEX", "REAL_ENGINE", "RECORD_FIXTURES")
 
 
 def _knob_names() -> list[str]:

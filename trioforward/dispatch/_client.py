@@ -35,6 +35,7 @@ from trioforward.dispatch._request import (
     strip_response_headers,
 )
 from trioforward.dispatch._routing import stable_hash
+from trioforward.dispatch._tracing import Tracing, process_tracing
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.dispatch._weights import (
     WeightUpdates,
@@ -59,8 +60,10 @@ class Client(PauseGate):
         pool: ConnectionPool,
         control_pool: ConnectionPool,
         nursery: trio.Nursery,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
+        self._tracing = tracing  # None: no spans (docs/operations.md, "End-to-end traces")
         self._pool = pool
         self._control_pool = control_pool
         self._nursery = nursery
@@ -218,12 +221,19 @@ class Client(PauseGate):
         session: str | None = None,
         session_implied: bool = False,
         on_dispatch: OnDispatch | None = None,
+        span: Any = None,
     ) -> ForwardResponse:
-        """As :meth:`post`, with any method (``GET /v1/models`` ...)."""
+        """As :meth:`post`, with any method (``GET /v1/models`` ...). ``span``: the
+        caller's own OpenTelemetry span for this request (the gateway's server
+        span), under which the dispatch spans go when the client traces; the
+        caller ends it."""
         req = self._request(method, path, json, content, headers, session, session_implied)
         req.on_dispatch = on_dispatch
         dispatcher = self._dispatcher
-        reply = await replaying_request(dispatcher, req)
+        if self._tracing is None:
+            reply = await replaying_request(dispatcher, req)
+        else:
+            reply = await self._tracing.request(req, span, replaying_request(dispatcher, req))
         return ForwardResponse(
             reply.status,
             strip_response_headers(reply.headers),
@@ -247,14 +257,19 @@ class Client(PauseGate):
         session: str | None = None,
         method: str = "POST",
         on_dispatch: OnDispatch | None = None,
+        span: Any = None,
     ) -> AsyncIterator[ForwardStream]:
         """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
         body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
         exits; leaving before the end closes the upstream connection (the engine aborts).
+        ``span`` as for :meth:`request`; the spans end when the block exits.
         """
         req = self._request(method, path, json, content, headers, session)
         req.on_dispatch = on_dispatch
-        async with replaying_stream(self._dispatcher, req) as reply:
+        replies = replaying_stream(self._dispatcher, req)
+        if self._tracing is not None:
+            replies = self._tracing.stream(req, span, replies)
+        async with replies as reply:
             yield ForwardStream(req, reply)
 
     async def complete(
@@ -350,6 +365,8 @@ class Client(PauseGate):
 async def open_client(
     engines: Iterable[str] | None = None,
     settings: Settings | None = None,
+    *,
+    tracer_provider: Any = "process",
     **knob_overrides: Any,
 ) -> AsyncIterator[Client]:
     """``async with open_client(engines=[...], settings=..., **knobs) as client:``
@@ -363,6 +380,10 @@ async def open_client(
     request already dispatched in another task runs on to its end.
     An exception raised in the block comes out as itself, not inside an
     ``ExceptionGroup`` (docs/embedding.md).
+
+    ``tracer_provider``: an OpenTelemetry ``TracerProvider`` for the client's
+    spans; ``None``: no spans; ``"process"`` (default): the process's, if one
+    was set before this call, else no spans (docs/operations.md, "End-to-end traces").
     """
     settings = settings if settings is not None else Settings()
     if knob_overrides:
@@ -382,7 +403,11 @@ async def open_client(
         ) as control,
         open_background_nursery() as nursery,
     ):
-        client = Client(settings, pool, control, nursery)
+        if isinstance(tracer_provider, str) and tracer_provider == "process":
+            tracing = process_tracing()
+        else:
+            tracing = None if tracer_provider is None else Tracing(tracer_provider)
+        client = Client(settings, pool, control, nursery, tracing)
         for url in settings.engines:
             client.engines.add(url)
         try:

@@ -235,12 +235,17 @@ class Dispatcher:
                 unhealthy_timeout=self.unhealthy_timeout,
                 drain=self.drain,
             )
-        except BaseException:
-            req.queue_time += trio.current_time() - t0
+        except BaseException as exc:
+            now = trio.current_time()
+            req.queue_time += now - t0
+            if req.trace is not None:
+                req.trace.queued(t0, now, None, exc)
             raise
         finally:
             self.queued -= 1
         req.queue_time += start - t0
+        if req.trace is not None:
+            req.trace.queued(t0, start, engine)
         return engine, start
 
     async def _attempts(
@@ -263,13 +268,16 @@ class Dispatcher:
             if req.is_adapter:
                 assert model is not None
                 epoch = await self.loader.before_attempt(engine, model)
+            trace = req.trace
+            # Traced: the engine's traceparent names this attempt's span (_tracing.py).
+            sent = req.headers if trace is None else trace.attempt(engine, req.attempts, req.headers)
             body: StreamResponse | None = None
             try:
                 if stream:
                     body = await pool.stream(
                         req.method,
                         url,
-                        headers=req.headers,
+                        headers=sent,
                         content=req.content,
                         deadline=deadline,
                         read_timeout=self.read_timeout,
@@ -290,7 +298,7 @@ class Dispatcher:
                     response: Response = await pool.request(
                         req.method,
                         url,
-                        headers=req.headers,
+                        headers=sent,
                         content=req.content,
                         deadline=deadline,
                         read_timeout=self.read_timeout,
@@ -330,9 +338,15 @@ class Dispatcher:
             phase = last_error.phase.value if last_error is not None else _STATUS_PHASE
             req.note_retry(phase, decision.reason)
             self.retries[(phase, decision.reason)] += 1
+            if trace is not None:
+                trace.retried(phase, decision.reason, status if last_error is None else None)
             if decision.load_adapter:
                 assert model is not None
-                await self.loader.ensure_loaded(engine, model, seen_epoch=epoch)
+                if trace is None:
+                    await self.loader.ensure_loaded(engine, model, seen_epoch=epoch)
+                else:
+                    with trace.adapter_load(engine, model):
+                        await self.loader.ensure_loaded(engine, model, seen_epoch=epoch)
             if decision.delay > 0:
                 if trio.current_time() + decision.delay >= deadline:
                     # No time left for another attempt: the last outcome stands.

@@ -20,6 +20,7 @@ from trioforward.errors import DispatchAborted, TrioforwardError
 if TYPE_CHECKING:
     from trioforward.dispatch._engines import Engine
     from trioforward.dispatch._prefix import PrefixKey
+    from trioforward.dispatch._tracing import RequestTrace
 
 __all__ = ["Request", "OnDispatch", "HeaderInput", "prepare_headers", "strip_response_headers", "HOP_BY_HOP"]
 
@@ -127,6 +128,7 @@ class Request:
         "frozen_since",
         "frozen_time",
         "weight_version",
+        "trace",
     )
 
     def __init__(
@@ -172,6 +174,8 @@ class Request:
         self.frozen_since: float | None = None
         self.frozen_time = 0.0
         self.weight_version: str | None = None
+        # Its spans (_tracing.RequestTrace) when the client traces, else None.
+        self.trace: RequestTrace | None = None
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""

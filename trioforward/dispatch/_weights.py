@@ -123,6 +123,8 @@ async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
                 return reply
             if not req.replay:
                 raise req.stamp(req.aborted()) from None
+        if req.trace is not None:
+            req.trace.replay(req.abort_reason)
         req.rearm()
 
 
@@ -140,6 +142,8 @@ async def replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterato
         except DispatchAborted:
             if not req.replay or req.handed_over:
                 raise
+        if req.trace is not None:
+            req.trace.replay(req.abort_reason)
         req.rearm()
 
 

@@ -37,6 +37,7 @@ from trioforward.server._errors import RequestError, error_body
 from trioforward.server._forward import ROUTES as OPENAI_ROUTES
 from trioforward.server._metrics import Metrics
 from trioforward.server._state import STATE_KEY, GatewayState
+from trioforward.server._tracing import install_admin_spans, open_tracing
 
 __all__ = ["create_app", "CONFIG_ENV"]
 
@@ -146,12 +147,22 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
 
         try:
             async with (
-                open_client(engines=list(settings.engines), settings=settings) as client,
+                open_tracing(settings, metrics.spans_dropped) as tracing,
+                open_client(
+                    engines=list(settings.engines),
+                    settings=settings,
+                    tracer_provider=None if tracing is None else tracing.provider,
+                ) as client,
                 _open_fleet(client, settings) as fleet,
                 trio.open_nursery() as nursery,
             ):
                 app.extensions[STATE_KEY] = GatewayState(
-                    settings=settings, client=client, nursery=nursery, metrics=metrics, fleet=fleet
+                    settings=settings,
+                    client=client,
+                    nursery=nursery,
+                    metrics=metrics,
+                    fleet=fleet,
+                    tracing=tracing,
                 )
                 nursery.start_soon(metrics.keep_synced)
                 task_status.started()
@@ -201,6 +212,7 @@ async def _open_fleet(client: Any, settings: Settings) -> AsyncIterator[Any]:
 
 def _install_hooks(app: QuartTrio, settings: Settings) -> None:
     install_admin_log(app)
+    install_admin_spans(app, lambda: getattr(app.extensions.get(STATE_KEY), "tracing", None))
 
     @app.before_request
     async def _authenticate() -> Response | None:

@@ -165,6 +165,8 @@ class Front:
             return
         headers = {name: value for name, value in scope["headers"]}
         log = Outcome(path, scope["method"])
+        if state.tracing is not None and route.access_log:  # off: this test is all it costs
+            log.span = state.tracing.request_span(scope["method"], path, headers)
         # Pauses the collector during bursts (tune_gc installs it). Under our worker
         # the request was counted when its task was spawned (_appchannel).
         guard = None if DISCONNECT_EXTENSION in scope.get("extensions", ()) else _gc.active
@@ -178,6 +180,8 @@ class Front:
                     raise RequestError(405, f"{path} accepts POST only", code="method_not_allowed")
                 body = await _read_body(receive, headers, state.settings.max_body_size)
                 data = parse_body(body, allow_empty=route.empty_body)
+                if log.span is not None:
+                    state.tracing.request_body(log.span, data)
                 work = route.start(Call(state, path, headers, data, body, send, log))
             except RequestError as err:
                 log.status = err.status
@@ -324,6 +328,7 @@ class Outcome:
         "error",
         "complete",
         "version",
+        "span",
     )
 
     def __init__(self, route: str, method: str = "POST") -> None:
@@ -338,6 +343,7 @@ class Outcome:
         self.error: str | None = None
         self.complete = False  # the last body message is being sent
         self.version: str | None = None  # X-Weight-Version of the answer
+        self.span: Any = None  # its server span when the gateway traces (_tracing.py)
 
     def dispatching(self, engine: str, attempts: int, queue_time: float) -> None:
         """An attempt starts (``Client.post``'s ``on_dispatch``)."""
@@ -368,6 +374,8 @@ class Outcome:
         )
 
     def finish(self, state: GatewayState) -> None:
+        if self.span is not None:
+            state.tracing.end_request(self.span, self)
         dispatched = self.attempts > 0 or self.engine is not None
         if state.metrics is not None:
             state.metrics.observe(

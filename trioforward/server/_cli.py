@@ -53,6 +53,7 @@ _METAVARS = {
     "log_level": "LEVEL",
     "admin_token": "TOKEN",
     "fleet_name": "NAME",
+    "service_name": "NAME",
 }
 
 

@@ -55,6 +55,7 @@ def _start(call: Call) -> Awaitable[None]:
         "headers": [(k, v) for k, v in call.headers.items() if k in _FORWARDED],
         "session": call.header(b"x-session-id"),
         "on_dispatch": log.dispatching,
+        "span": log.span,  # None unless the gateway traces
     }
     if call.data.get("stream"):
         return _relay_stream(call.state, call.path, forward, call.send, log)

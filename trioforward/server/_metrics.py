@@ -103,6 +103,13 @@ class Metrics:
             registry=self.registry,
         )
         self._version_children: dict[str, Any] = {}  # insertion order = age
+        self._spans_dropped = Counter(
+            "trioforward_trace_spans_dropped",
+            "Trace spans dropped by reason: queue_full (the export queue was full), "
+            "export_failed (the collector did not take them)",
+            ["reason"],
+            registry=self.registry,
+        )
         # labels() takes a lock and builds a tuple each call: cache the children.
         self._children: dict[tuple[str, int], Any] = {}
         self.registry.register(_ClientCollector(client_getter))
@@ -195,6 +202,11 @@ class Metrics:
         while True:
             self.sync()
             await trio.sleep(SYNC_INTERVAL)
+
+    def spans_dropped(self, count: int, reason: str) -> None:
+        """Count ``count`` spans dropped for ``reason`` (from any thread: the span
+        export's own, or the event loop's when the queue is full)."""
+        self._spans_dropped.labels(reason).inc(count)
 
     def render(self) -> bytes:
         """The Prometheus text exposition (content type :data:`CONTENT_TYPE_LATEST`),

@@ -24,7 +24,8 @@ class GatewayState:
     ``client`` is the dispatch core, open for the app's lifetime; ``nursery`` is a
     server-lifetime nursery for background work that must outlive a request
     (Tinker futures); ``metrics`` is the server's metrics object; ``fleet`` this
-    process's fleet membership (``None`` without ``state_url``); ``extras`` lets a
+    process's fleet membership (``None`` without ``state_url``); ``tracing`` its
+    span export (``None`` when off: docs/operations.md, "End-to-end traces"); ``extras`` lets a
     route module keep its own state (e.g. the Tinker future store) by name.
     """
 
@@ -33,6 +34,7 @@ class GatewayState:
     nursery: trio.Nursery
     metrics: Any = None
     fleet: Any = None  # trioforward.fleet.Fleet when state_url is set (docs/fleet.md)
+    tracing: Any = None  # _tracing.GatewayTracing when traces are exported, else None
     extras: dict[str, Any] = field(default_factory=dict)
 
 

@@ -33,6 +33,7 @@ from prometheus_client import multiprocess
 from trioforward._settings import Settings, coerce
 from trioforward.server._metrics import MULTIPROC_ENV
 from trioforward.server._serve import listen
+from trioforward.server._tracing import WORKER_ENV
 
 __all__ = ["supervise", "run_worker", "SETTINGS_ENV", "FD_ENV"]
 
@@ -127,7 +128,10 @@ async def _supervise(settings: Settings, env: dict[str, str], fd: int) -> None:
 
     async def keep(slot: int) -> None:
         while not stopping.is_set():
-            process = await trio.lowlevel.open_process(command, env=env, pass_fds=(fd,))
+            # The slot names the worker in its trace resource (_tracing.py).
+            process = await trio.lowlevel.open_process(
+                command, env={**env, WORKER_ENV: str(slot)}, pass_fds=(fd,)
+            )
             running[slot] = process
             log.info("worker %d started (pid %d)", slot, process.pid)
             status = await process.wait()

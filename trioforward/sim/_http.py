@@ -337,6 +337,10 @@ async def serve_connection(
                 path = request.target.partition(b"?")[0].decode("latin-1")
                 ex = Exchange(engine, conn, stream, path)
                 generation = ex.generation = path in engine.generation_paths
+                if generation:
+                    for name, value in request.headers:
+                        if name == b"traceparent":
+                            stats.traced(value)
                 if not path.startswith("/sim/"):
                     stats.requests += 1
                     stats.by_path[path] += 1

@@ -9,7 +9,9 @@ from typing import Any
 
 import trio
 
-__all__ = ["EngineStats"]
+__all__ = ["EngineStats", "TRACEPARENTS_KEPT"]
+
+TRACEPARENTS_KEPT = 1024
 
 
 class EngineStats:
@@ -47,6 +49,8 @@ class EngineStats:
       (``n`` choices count ``n`` sequences), work a pause aborted or a client
       hang-up cut short included: what decoding cost, to compare with the tokens
       delivered.
+    - ``traceparents``: the W3C ``traceparent`` of each generation request that
+      carried one, in arrival order (the last :data:`TRACEPARENTS_KEPT`);
     - ``rejected``: answers injected by the ``reject`` fault;
       ``faults``: ``Counter[fault name]`` of every fault applied.
 
@@ -83,9 +87,17 @@ class EngineStats:
         self.completed_mixed = 0
         self.tokens_decoded = 0
         self.rejected = 0
+        self.traceparents: list[str] = []
         self.faults: Counter[str] = Counter()
         self._waiters = 0
         self._changed = trio.Event()
+
+    def traced(self, traceparent: bytes) -> None:
+        """Record a generation request's ``traceparent``."""
+        kept = self.traceparents
+        kept.append(traceparent.decode("latin-1"))
+        if len(kept) > TRACEPARENTS_KEPT:
+            del kept[0]
 
     def changed(self) -> None:
         """Wake every :meth:`wait_for` (call after mutating a counter); O(1) when nobody waits."""
