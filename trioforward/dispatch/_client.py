@@ -35,7 +35,7 @@ from trioforward.dispatch._request import (
     strip_response_headers,
 )
 from trioforward.dispatch._routing import stable_hash
-from trioforward.dispatch._tracing import Tracing, process_tracing
+from trioforward.dispatch._tracing import Tracing, tracing_for
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.dispatch._weights import (
     WeightUpdates,
@@ -403,11 +403,7 @@ async def open_client(
         ) as control,
         open_background_nursery() as nursery,
     ):
-        if isinstance(tracer_provider, str) and tracer_provider == "process":
-            tracing = process_tracing()
-        else:
-            tracing = None if tracer_provider is None else Tracing(tracer_provider)
-        client = Client(settings, pool, control, nursery, tracing)
+        client = Client(settings, pool, control, nursery, tracing_for(tracer_provider))
         for url in settings.engines:
             client.engines.add(url)
         try:

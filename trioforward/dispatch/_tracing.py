@@ -46,6 +46,7 @@ __all__ = [
     "Tracing",
     "RequestTrace",
     "process_tracing",
+    "tracing_for",
     "SPAN_REQUEST",
     "SPAN_QUEUE",
     "SPAN_ATTEMPT",
@@ -64,6 +65,14 @@ SPAN_REPLAY = "trioforward.replay"
 # The W3C Trace Context fields (https://www.w3.org/TR/trace-context/): replaced on
 # each attempt by the attempt span's own.
 _TRACE_FIELDS = (b"traceparent", b"tracestate")
+
+
+def tracing_for(provider: Any) -> Tracing | None:
+    """The client's tracing for ``open_client(tracer_provider=...)``: ``"process"``
+    -> :func:`process_tracing`; ``None`` -> none; else a ``TracerProvider``'s."""
+    if isinstance(provider, str) and provider == "process":
+        return process_tracing()
+    return None if provider is None else Tracing(provider)
 
 
 def process_tracing() -> Tracing | None:
