@@ -1,5 +1,5 @@
 """Guards of the server's private hooks into Hypercorn 0.18 (``server/_tcpserver.py``,
-``server/_appchannel.py``).
+``server/_appchannel.py``, ``server/_h11front.py``).
 
 Each hook re-implements or calls Hypercorn code that is not its public API. These
 tests fail loudly when the installed Hypercorn differs from the one the hooks
@@ -11,7 +11,8 @@ what it relies on), then record the new fingerprint here.
 The behaviour each hook buys is asserted by tests/server/test_worker_writes.py
 (one write per fixed-length response, no scheduler pass per write once the
 request is read), tests/server/test_keepalive.py (keep-alive as a read deadline)
-and tests/server/test_appchannel.py (the disconnect hook).
+tests/server/test_appchannel.py (the disconnect hook), tests/server/test_front_framing.py
+(the refused framings).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import HTTPStream
 
-from trioforward.server import _appchannel, _tcpserver
+from trioforward.server import _appchannel, _h11front, _tcpserver
 
 # sha256 (first 16 hex digits) of the source of each Hypercorn function the hooks
 # copy, override, call or depend on, as of Hypercorn 0.18.0.
@@ -47,6 +48,10 @@ FINGERPRINTS = {
     "TrioSingleTask": (tcp_server.TrioSingleTask, "aa59316c028b876a"),
     "ProtocolWrapper.__init__": (ProtocolWrapper.__init__, "df25e181b9e2e64d"),
     "H11Protocol.__init__": (H11Protocol.__init__, "c7c989fd6a352626"),
+    "H11Protocol._handle_events": (H11Protocol._handle_events, "bd4a76b2837e8722"),
+    "H11Protocol._create_stream": (H11Protocol._create_stream, "a2338a57ab343908"),
+    "H11Protocol._send_error_response": (H11Protocol._send_error_response, "58c2b47ae295d000"),
+    "H11Protocol._send_h11_event": (H11Protocol._send_h11_event, "5e40283daa303ec7"),
     "HTTPStream.app_send": (HTTPStream.app_send, "c806044b99736985"),
     "TaskGroup.__init__": (task_group.TaskGroup.__init__, "ecd9faf5832ee0e8"),
     "TaskGroup.__aenter__": (task_group.TaskGroup.__aenter__, "38047eb0284cdaa6"),
@@ -70,8 +75,8 @@ def test_hypercorn_is_the_pinned_minor_version() -> None:
 def test_hypercorn_code_the_hooks_rely_on_is_unchanged(name: str) -> None:
     obj, expected = FINGERPRINTS[name]
     assert _fingerprint(obj) == expected, (
-        f"Hypercorn's {name} changed: check trioforward/server/_tcpserver.py and "
-        f"_appchannel.py against it, then update FINGERPRINTS"
+        f"Hypercorn's {name} changed: check trioforward/server/_tcpserver.py, "
+        f"_appchannel.py and _h11front.py against it, then update FINGERPRINTS"
     )
 
 
@@ -87,6 +92,20 @@ def test_tcp_server_attributes_the_hooks_use() -> None:
     # The subclass still overrides what it means to.
     assert _tcpserver.KeepAliveTCPServer.run is not tcp_server.TCPServer.run
     assert _tcpserver.KeepAliveTCPServer.protocol_send is not tcp_server.TCPServer.protocol_send
+
+
+def test_h11_protocol_hooks_the_front_refusals_use() -> None:
+    # _h11front.FrontH11Protocol is built with ProtocolWrapper's arguments minus the
+    # ALPN protocol, and its _send_error_response reads the exception being handled.
+    params = list(inspect.signature(H11Protocol.__init__).parameters)
+    assert params == [
+        "self", "app", "config", "context", "task_group", "connection_state", "ssl", "client", "server", "send",
+    ]
+    source = inspect.getsource(H11Protocol._handle_events)
+    assert "except h11.RemoteProtocolError as error:" in source
+    assert "await self._send_error_response(error.error_status_hint)" in source
+    assert "await self._create_stream(event)" in source
+    assert issubclass(_h11front.FrontH11Protocol, H11Protocol)
 
 
 def test_h11_protocol_exposes_its_h11_connection() -> None:

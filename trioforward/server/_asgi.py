@@ -41,6 +41,7 @@ from trioforward.server import _gc
 from trioforward.server._appchannel import DISCONNECT_EXTENSION, AppChannel
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
+from trioforward.server._h11front import ambiguous_framing, refuse_ambiguous
 from trioforward.server._state import STATE_KEY, GatewayState
 from trioforward.server._validate import parse_body
 
@@ -147,6 +148,11 @@ class Front:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
+            return
+        if DISCONNECT_EXTENSION not in scope.get("extensions", ()) and ambiguous_framing(
+            scope["headers"]
+        ):
+            await refuse_ambiguous(receive, send)  # another server than ours
             return
         path: str = scope["path"]
         if "//" in path:

@@ -13,6 +13,9 @@ touches a task whose state is no longer in the CPU caches). Gains measured with
 - reads wait for readability first, and a write yields to the scheduler only
   while the request is unread (with the app channel: 9 → 3 passes per request).
 
+Its HTTP/1.1 protocol is :class:`~._h11front.FrontH11Protocol` (ambiguous
+framings refused, JSON bodies on the front's own refusals).
+
 What it relies on, checked by ``tests/server/test_private_hooks.py`` (which
 fails when the pinned Hypercorn changes any of it; pyproject.toml pins the
 minor version):
@@ -26,7 +29,8 @@ minor version):
 - the ``idle_task`` duck type ``restart(task_group, action)`` / ``stop()``
   (``TrioSingleTask``), replaced by :class:`_IdleDeadline`;
 - ``ProtocolWrapper``'s constructor arguments and its ``protocol`` attribute, an
-  ``H11Protocol`` whose ``connection`` is Hypercorn's ``h11.Connection``;
+  ``H11Protocol`` (replaced by ours, built with the same arguments) whose
+  ``connection`` is Hypercorn's ``h11.Connection``;
 - Hypercorn writing a response head while the app's ``http.response.start``
   is being sent (``HTTPStream.app_send``), so :class:`_ResponseSend` can flag
   it.
@@ -42,13 +46,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol import ProtocolWrapper
-from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr
 
 from trioforward._h11 import front_h11
 from trioforward.server._appchannel import AppTaskGroup, Send
+from trioforward.server._h11front import FrontH11Protocol
 
 if TYPE_CHECKING:
     import h11
@@ -153,6 +157,18 @@ class KeepAliveTCPServer(TCPServer):
                     self.protocol_send,
                     "http/1.1",
                 )
+                # The front's refusals of ambiguous framings (see _h11front).
+                self.protocol.protocol = FrontH11Protocol(
+                    self.app,
+                    self.config,
+                    self.context,
+                    task_group,
+                    ConnectionState(self.state),
+                    False,
+                    client,
+                    server,
+                    self.protocol_send,
+                )
                 await self.protocol.initiate()
                 await self.idle_task.restart(self._task_group, self._idle_timeout)
                 await self._read_data()
@@ -251,10 +267,11 @@ class KeepAliveTCPServer(TCPServer):
 
     def _request_read(self) -> bool:
         """Whether h11 has the whole current request. Reads Hypercorn's own h11
-        connection (``H11Protocol.connection``); ``False`` for any other protocol
-        (a WebSocket upgrade), which keeps Hypercorn's scheduler pass."""
+        connection (``H11Protocol.connection``, of our :class:`FrontH11Protocol`);
+        ``False`` for any other protocol (a WebSocket upgrade), which keeps
+        Hypercorn's scheduler pass."""
         protocol = self.protocol.protocol
-        if type(protocol) is H11Protocol:
+        if type(protocol) is FrontH11Protocol:
             connection = protocol.connection
             if type(connection) is h11.Connection:
                 return connection.their_state is h11.DONE
