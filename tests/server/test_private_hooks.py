@@ -12,7 +12,7 @@ The behaviour each hook buys is asserted by tests/server/test_worker_writes.py
 (one write per fixed-length response, no scheduler pass per write once the
 request is read), tests/server/test_keepalive.py (keep-alive as a read deadline)
 tests/server/test_appchannel.py (the disconnect hook), tests/server/test_front_framing.py
-(the refused framings).
+(the refused framings) and tests/server/test_must_close.py (the shielded close).
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ def test_tcp_server_attributes_the_hooks_use() -> None:
     # The subclass still overrides what it means to.
     assert _tcpserver.KeepAliveTCPServer.run is not tcp_server.TCPServer.run
     assert _tcpserver.KeepAliveTCPServer.protocol_send is not tcp_server.TCPServer.protocol_send
+    assert _tcpserver.KeepAliveTCPServer._close is not tcp_server.TCPServer._close
 
 
 def test_h11_protocol_hooks_the_front_refusals_use() -> None:

@@ -13,8 +13,11 @@ touches a task whose state is no longer in the CPU caches). Gains measured with
 - reads wait for readability first, and a write yields to the scheduler only
   while the request is unread (with the app channel: 9 → 3 passes per request).
 
-Its HTTP/1.1 protocol is :class:`~._h11front.FrontH11Protocol` (ambiguous
-framings refused, JSON bodies on the front's own refusals).
+Two more are about ending connections: its HTTP/1.1 protocol is
+:class:`~._h11front.FrontH11Protocol` (ambiguous framings refused, JSON bodies on
+the front's own refusals), and closing is shielded from cancellation with the
+keep-alive deadline armed once the protocol ends the connection (a must-close
+answer left the socket open: :meth:`KeepAliveTCPServer._close`).
 
 What it relies on, checked by ``tests/server/test_private_hooks.py`` (which
 fails when the pinned Hypercorn changes any of it; pyproject.toml pins the
@@ -25,7 +28,7 @@ minor version):
   here for plain TCP, with :class:`~._appchannel.AppTaskGroup`) setting
   ``_task_group`` and ``protocol``; ``protocol_send`` (the fallback for writes
   and non-data events), ``_read_data`` (used when ``read_timeout`` is set),
-  ``_close``, ``_idle_timeout`` and ``_initiate_server_close``;
+  ``_close`` (overridden: shielded), ``_idle_timeout`` and ``_initiate_server_close``;
 - the ``idle_task`` duck type ``restart(task_group, action)`` / ``stop()``
   (``TrioSingleTask``), replaced by :class:`_IdleDeadline`;
 - ``ProtocolWrapper``'s constructor arguments and its ``protocol`` attribute, an
@@ -226,7 +229,26 @@ class KeepAliveTCPServer(TCPServer):
                 return
             await self._write(event)
             return
+        if type(event) is Closed:
+            # The protocol ends the connection (a must-close answer, a refusal):
+            # from now on the keep-alive deadline applies, whatever the state.
+            if self.idle_since is None:
+                self.idle_since = trio.current_time()
+                self.set_read_deadline(self.idle_since + self.config.keep_alive_timeout)
         await super().protocol_send(event)
+
+    async def _close(self) -> None:
+        """Hypercorn's ``_close`` (EOF, then the socket closed), shielded.
+
+        The ``Closed`` that ends a must-close answer (HTTP/1.0, ``Connection:
+        close``) is sent from the app's task, and Quart cancels that task's scope
+        as its response ends: unshielded, ``send_eof``'s checkpoint raised
+        ``Cancelled`` before ``aclose`` ran, so the client got no EOF and the
+        socket stayed open until the client left (two descriptors per probe of a
+        Quart route; the keep-alive deadline was not armed either). Same on the
+        cancellation that ends the shutdown grace (pgjones/hypercorn#106)."""
+        with trio.CancelScope(shield=True):
+            await super()._close()
 
     def app_send(self, send: Send) -> Send:
         """The ``send`` a request's app gets (see :class:`_ResponseSend`)."""
