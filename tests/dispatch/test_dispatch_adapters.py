@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 from dispatch_testing import COMPLETION, body, client_for, completions
 
 from trioforward.dispatch import ForwardResponse
@@ -207,3 +208,40 @@ def test_a_parent_goes_with_its_adapter_and_within_the_registry_bound() -> None:
     registry.register("step2", "/w/2")  # a re-registration without a parent clears it
     registry.unregister("step1")
     assert (registry.parent("step1"), registry.parent("step2")) == (None, None)
+
+
+async def test_adapters_over_the_bound_are_trimmed_as_requests_release_them(fd_baseline: int) -> None:
+    # Two slots, five adapters. Six requests at once load all five (each in use:
+    # allowed over the bound); as they finish the engine comes back within it
+    # without waiting for another load, and stays within it at rest after 60
+    # more requests two at a time (strict LRU: each of those reloads its adapter).
+    names = [f"lora-{i}" for i in range(5)]
+    adapters = {n: f"/adapters/{n}" for n in names}
+    async with (
+        open_engine(decode_ms_per_token=5) as engine,
+        client_for(engine, adapters=adapters, max_loaded_adapters=2) as client,
+    ):
+        async def one(model: str, tokens: int = 1) -> None:
+            response = await client.post(COMPLETION, json=body(model=model, max_tokens=tokens))
+            assert response.status == 200
+
+        async with trio.open_nursery() as nursery:
+            for i in range(6):
+                nursery.start_soon(one, names[i % 5], 40)
+            await engine.stats.wait_for(lambda s: s.running == 6)
+            assert len(engine.adapters.loaded) == 5  # all in use
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(engine.adapters.loaded) <= 2
+        assert len(client.statistics().adapters_loaded[engine.url]) <= 2
+
+        for round_ in range(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, names[(2 * round_) % 5])
+                nursery.start_soon(one, names[(2 * round_ + 1) % 5])
+        await trio.testing.wait_all_tasks_blocked()
+        loaded = client.statistics().adapters_loaded[engine.url]
+        assert len(loaded) <= 2 and set(loaded) == set(engine.adapters.loaded)
+        loads = engine.stats.by_path["/v1/load_lora_adapter"]
+        unloads = sum(engine.stats.adapter_unloads.values())
+        assert loads - unloads == len(loaded)  # every load beyond the bound was undone
+        print(f"loads {loads} unloads {unloads} for 66 requests")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
 
 import orjson
 import trio
@@ -132,6 +133,8 @@ class AdapterLoader:
         "_flights",
         "_loaded",
         "_busy",
+        "_spawn",
+        "_trimming",
     )
 
     def __init__(
@@ -140,6 +143,7 @@ class AdapterLoader:
         pool: ConnectionPool,
         timeout: float,
         max_loaded: int = 0,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None] | None = None,
     ) -> None:
         self.registry = registry
         self.pool = pool
@@ -153,6 +157,10 @@ class AdapterLoader:
         # engine URL -> adapters we loaded there, least recently used first.
         self._loaded: dict[str, OrderedDict[str, None]] = {}
         self._busy: Counter[tuple[str, str]] = Counter()  # dispatched requests per pair
+        # Runs a trim in the background (the client's nursery.start_soon): a request
+        # releases its adapter in a ``finally``, where it cannot wait for an unload.
+        self._spawn = spawn
+        self._trimming: set[str] = set()  # engine URLs with a trim under way
 
     def begin(self, engine: Engine, name: str) -> None:
         """A request for adapter ``name`` is dispatched to ``engine``: it is in use
@@ -173,6 +181,34 @@ class AdapterLoader:
         self.registry.in_use[name] -= 1
         if self.registry.in_use[name] <= 0:
             del self.registry.in_use[name]
+        if key not in self._busy:
+            self._trim_later(engine)
+
+    def _trim_later(self, engine: Engine) -> None:
+        """``engine`` has an adapter no request uses any more: if the gateway keeps
+        more than ``max_loaded`` there, unload the least recently used idle ones in
+        the background (one trim per engine at a time)."""
+        url = engine.url
+        loaded = self._loaded.get(url)
+        if (
+            not self.max_loaded
+            or loaded is None
+            or len(loaded) <= self.max_loaded
+            or self._spawn is None
+            or url in self._trimming
+            or all(self._busy.get((url, n)) for n in loaded)
+        ):
+            return
+        self._trimming.add(url)
+
+        async def trim() -> None:
+            try:
+                await self._evict(engine, loaded)
+            finally:
+                self._trimming.discard(url)
+            self._trim_later(engine)  # an adapter released while this one ran
+
+        self._spawn(trim)
 
     def loaded(self) -> dict[str, list[str]]:
         """Engine URL -> the adapters loaded there by the gateway, least recently used first."""
@@ -280,8 +316,10 @@ class AdapterLoader:
     async def _evict(self, engine: Engine, loaded: OrderedDict[str, None]) -> None:
         """Unload least recently used adapters not in use on ``engine`` until at most
         ``max_loaded`` remain (vLLM holds ``--max-cpu-loras``; its API server keeps
-        every adapter ever loaded listed until it is unloaded). Over the bound while
-        all are in use: the next load tries again."""
+        every adapter ever loaded listed until it is unloaded). Runs after each load
+        and, in the background, each time a request releases an adapter while the
+        engine is over the bound (:meth:`end`): over it while all are in use, the
+        engine comes back within it as they are released."""
         url = engine.url
         while self.max_loaded and len(loaded) > self.max_loaded:
             victim = next((n for n in loaded if not self._busy.get((url, n))), None)

@@ -76,6 +76,7 @@ class Client(PauseGate):
             control_pool,
             settings.adapter_load_timeout,
             settings.max_loaded_adapters,
+            nursery.start_soon,
         )
         self._dispatcher = Dispatcher(settings, self._registry, pool, self._loader)
         self._paused_all = False
