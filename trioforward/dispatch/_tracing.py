@@ -13,7 +13,7 @@ Spans (names and attributes are listed in docs/operations.md):
   gateway makes its own server span and hands it in (``span=``), and the spans
   below hang under it either way;
 - ``trioforward.queue`` — QUEUED (engine capacity, a paused engine), made when
-  it ends, with its start in the past;
+  it ends, with its start in the past; only for a request that waited;
 - ``trioforward.attempt`` — one upstream attempt (kind CLIENT): the engine gets a
   W3C ``traceparent`` (and the caller's ``tracestate``) whose parent is this span;
 - ``trioforward.adapter_load`` — waiting for a LoRA adapter to load after the
@@ -93,24 +93,39 @@ class Tracing:
 
     def __init__(self, provider: Any) -> None:
         from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         from trioforward import __version__
 
         self.tracer = provider.get_tracer(TRACER_NAME, __version__)
-        self.propagator = TraceContextTextMapPropagator()
         self._api = trace
 
-    def begin(self, req: Request, span: Any = None) -> RequestTrace:
+    def begin(self, req: Request, span: Any = None) -> RequestTrace | None:
         """Start tracing ``req`` (sets ``req.trace``): under ``span`` (the caller's
         own request span, which the caller ends), else in a ``trioforward.request``
-        span of its own whose parent is the task's current span, if any."""
-        trace = req.trace = RequestTrace(self, req, span)
+        span of its own whose parent is the task's current span, if any.
+
+        A request whose trace is not sampled gets no child spans at all (``None``;
+        ``req.trace`` stays ``None``): none would be exported, and creating them
+        cost about as much as a sampled request's. The engine then gets the
+        caller's ``traceparent`` as it came, as with tracing off."""
+        if span is None:
+            span = self.tracer.start_span(SPAN_REQUEST, kind=self._api.SpanKind.INTERNAL)
+            if not span.is_recording():
+                return None
+            span.set_attributes({"http.request.method": req.method, "url.path": req.url_path})
+            owned = True
+        elif not span.is_recording():
+            return None
+        else:
+            owned = False
+        trace = req.trace = RequestTrace(self, req, span, owned)
         return trace
 
     async def request(self, req: Request, span: Any, dispatch: Awaitable[Reply]) -> Reply:
         """``await dispatch`` (the whole answer of ``req``), traced."""
         trace = self.begin(req, span)
+        if trace is None:
+            return await dispatch
         try:
             reply = await dispatch
         except BaseException as exc:
@@ -125,6 +140,10 @@ class Tracing:
     ) -> AsyncIterator[Reply]:
         """``async with dispatch`` (the streamed answer of ``req``), traced until the block exits."""
         trace = self.begin(req, span)
+        if trace is None:
+            async with dispatch as reply:
+                yield reply
+            return
         status: int | None = None
         try:
             async with dispatch as reply:
@@ -142,20 +161,15 @@ class RequestTrace:
 
     __slots__ = ("_tracing", "span", "owned", "_context", "_attempt", "_replay", "_replays")
 
-    def __init__(self, tracing: Tracing, req: Request, span: Any) -> None:
-        api = tracing._api
+    def __init__(self, tracing: Tracing, req: Request, span: Any, owned: bool) -> None:
         self._tracing = tracing
-        self.owned = span is None
-        if span is None:
-            span = tracing.tracer.start_span(SPAN_REQUEST, kind=api.SpanKind.INTERNAL)
-            span.set_attribute("http.request.method", req.method)
-            span.set_attribute("url.path", req.url_path)
+        self.owned = owned
         self.span = span
         if req.model is not None:
             span.set_attribute("trioforward.model", req.model)
             if req.is_adapter:
                 span.set_attribute("trioforward.adapter", req.model)
-        self._context = api.set_span_in_context(span)
+        self._context = tracing._api.set_span_in_context(span)
         self._attempt: Any = None
         self._replay: Any = None
         self._replays = 0
@@ -164,7 +178,11 @@ class RequestTrace:
 
     def queued(self, t0: float, end: float, engine: Engine | None, error: BaseException | None = None) -> None:
         """QUEUED from ``t0`` to ``end`` (``trio.current_time()`` s) is over: on
-        ``engine`` (its capacity acquired), or ended by ``error``."""
+        ``engine`` (its capacity acquired), or ended by ``error``. A request that
+        got capacity at once (``end == t0``: the clock was not even read) gets no
+        queue span: there was no wait to show."""
+        if end == t0 and error is None:
+            return
         now_ns, now = time.time_ns(), trio.current_time()
         span = self._tracing.tracer.start_span(
             SPAN_QUEUE, context=self._context, start_time=now_ns - int((now - t0) * 1e9)
@@ -189,10 +207,14 @@ class RequestTrace:
             kind=api.SpanKind.CLIENT,
             attributes={"trioforward.engine": engine.url, "trioforward.attempt": number},
         )
-        carrier: dict[str, str] = {}
-        tracing.propagator.inject(carrier, context=api.set_span_in_context(span))
+        # W3C Trace Context §3.2 (version 00): trace id, parent id, flags, in hex.
+        context = span.get_span_context()
         out = [h for h in headers if _name(h[0]) not in _TRACE_FIELDS]
-        out.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items())
+        out.append(
+            (b"traceparent", b"00-%032x-%016x-%02x" % (context.trace_id, context.span_id, context.trace_flags))
+        )
+        if context.trace_state:
+            out.append((b"tracestate", context.trace_state.to_header().encode("latin-1")))
         return out
 
     def retried(self, phase: str, reason: str, status: int | None) -> None:
@@ -202,11 +224,14 @@ class RequestTrace:
         if span is None:
             return
         self._attempt = None
-        span.set_attribute("trioforward.phase", phase)
-        span.set_attribute("trioforward.outcome", "retried")
-        span.set_attribute("trioforward.retry_reason", reason)
+        facts: dict[str, Any] = {
+            "trioforward.phase": phase,
+            "trioforward.outcome": "retried",
+            "trioforward.retry_reason": reason,
+        }
         if status is not None:
-            span.set_attribute("http.response.status_code", status)
+            facts["http.response.status_code"] = status
+        span.set_attributes(facts)
         span.end()
 
     @contextmanager
@@ -255,18 +280,22 @@ class RequestTrace:
             self._replay.end()
             self._replay = None
         span = self.span
-        span.set_attribute("trioforward.attempts", req.attempts)
+        facts: dict[str, Any] = {
+            "trioforward.attempts": req.attempts,
+            "trioforward.queue_time": req.queue_time,
+            "trioforward.engine_time": req.engine_time_now(),
+        }
         if req.engine is not None:
-            span.set_attribute("trioforward.engine", req.engine.url)
-        span.set_attribute("trioforward.queue_time", req.queue_time)
-        span.set_attribute("trioforward.engine_time", req.engine_time_now())
+            facts["trioforward.engine"] = req.engine.url
         if req.weight_version is not None:
-            span.set_attribute("trioforward.weight_version", req.weight_version)
+            facts["trioforward.weight_version"] = req.weight_version
         if req.retries:
-            span.set_attribute("trioforward.retries", [f"{p}:{r}" for p, r in req.retries])
+            facts["trioforward.retries"] = [f"{p}:{r}" for p, r in req.retries]
+        if self.owned and status is not None:
+            facts["http.response.status_code"] = status
+        span.set_attributes(facts)  # one lock, not one per attribute
         if self.owned:
             if status is not None:
-                span.set_attribute("http.response.status_code", status)
                 if status >= 500:
                     span.set_status(self._tracing._api.Status(self._tracing._api.StatusCode.ERROR))
             if error is not None:
@@ -284,18 +313,20 @@ class RequestTrace:
         if span is None:
             return
         self._attempt = None
+        facts: dict[str, Any] = {}
         if phase is not None:
-            span.set_attribute("trioforward.phase", phase.value)
+            facts["trioforward.phase"] = phase.value
         if error is not None:
-            span.set_attribute("trioforward.outcome", "failed")
+            facts["trioforward.outcome"] = "failed"
             _failed(span, error)
         elif reason is not None:
-            span.set_attribute("trioforward.outcome", "aborted")
-            span.set_attribute("trioforward.retry_reason", reason)
+            facts["trioforward.outcome"] = "aborted"
+            facts["trioforward.retry_reason"] = reason
         else:
-            span.set_attribute("trioforward.outcome", "answered")
+            facts["trioforward.outcome"] = "answered"
             if status is not None:
-                span.set_attribute("http.response.status_code", status)
+                facts["http.response.status_code"] = status
+        span.set_attributes(facts)
         span.end()
 
 

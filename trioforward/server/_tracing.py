@@ -104,19 +104,21 @@ class GatewayTracing:
     def request_body(self, span: Any, data: dict[str, Any]) -> None:
         """Record what the request's JSON body says: its ``model`` and whether it streams."""
         model = data.get("model")
+        facts: dict[str, Any] = {"trioforward.stream": data.get("stream") is True}
         if isinstance(model, str):
-            span.set_attribute("trioforward.model", model)
-        span.set_attribute("trioforward.stream", data.get("stream") is True)
+            facts["trioforward.model"] = model
+        span.set_attributes(facts)
 
     def end_request(self, span: Any, log: Outcome) -> None:
         """End a request's server span with what the client got (``log``)."""
         status = log.status
-        span.set_attribute("http.response.status_code", status)
+        facts: dict[str, Any] = {"http.response.status_code": status}
         if log.version is not None:
-            span.set_attribute("trioforward.weight_version", log.version)
+            facts["trioforward.weight_version"] = log.version
         error = log.error or ("client_closed" if status == 499 else None)
         if error is not None:
-            span.set_attribute("error.type", error)
+            facts["error.type"] = error
+        span.set_attributes(facts)
         if error is not None or status >= 500:
             span.set_status(self._api.Status(self._api.StatusCode.ERROR, error or str(status)))
         span.end()
