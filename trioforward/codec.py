@@ -32,6 +32,11 @@ class Choice:
     response; empty if the engine was not asked for ``return_token_ids``);
     ``logprobs``: ``np.ndarray[float32]`` of shape ``(n,)`` (the sampled tokens'
     logprobs, NaN where the engine gave none) or ``None`` when not requested.
+    ``weight_versions``: spans ``[{"version", "start", "end"}]`` over output
+    positions (``end`` exclusive) naming the weight version that produced them:
+    one span, unless a ``replay="continue"`` pause split the generation
+    (docs/operations.md); ``token_versions``: ``np.ndarray[int32]`` ``(n,)``, the
+    index in ``weight_versions`` of each token's span.
     """
 
     index: int
@@ -41,6 +46,8 @@ class Choice:
     finish_reason: str
     stop_reason: Any = None
     prompt_tokens: npt.NDArray[np.int32] | None = None
+    weight_versions: list[dict[str, Any]] = field(default_factory=list)
+    token_versions: npt.NDArray[np.int32] = field(default_factory=lambda: _EMPTY_I32)
 
 
 @dataclass(slots=True)
@@ -93,13 +100,26 @@ def _prompt_logprobs(entries: list[Any], prompt: list[int] | None) -> npt.NDArra
     return out
 
 
-def decode_completion(body: bytes, *, require_token_ids: bool = False) -> Completion:
+def _spans(raw: Any, length: int, version: str | None) -> tuple[list[dict[str, Any]], npt.NDArray[np.int32]]:
+    """A choice's ``weight_versions`` (one span under ``version`` when it has none)
+    and the per-token span index."""
+    spans = raw if isinstance(raw, list) and raw else [{"version": version, "start": 0, "end": length}]
+    out = np.zeros(length, dtype=np.int32)
+    for i, span in enumerate(spans):
+        out[int(span.get("start", 0)) : int(span.get("end", length))] = i
+    return spans, out
+
+
+def decode_completion(
+    body: bytes, *, require_token_ids: bool = False, weight_version: str | None = None
+) -> Completion:
     """Decode a ``/v1/completions`` response body. Raises :class:`CodecError`.
 
     ``require_token_ids``: the request asked for ``return_token_ids``, so a choice
     without ``token_ids`` (absent or null; vLLM answers a list, empty for an empty
     sequence) is an error, not an empty sequence: an engine that ignores the option
-    would otherwise hand a trainer samples with no tokens."""
+    would otherwise hand a trainer samples with no tokens. ``weight_version``: the
+    version of a choice that carries no ``weight_versions`` spans (its one span)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -124,6 +144,7 @@ def decode_completion(body: bytes, *, require_token_ids: bool = False) -> Comple
         prompt_tokens = np.array(prompt_ids, dtype=np.int32) if prompt_ids is not None else None
         if prompt_lp is None and raw.get("prompt_logprobs") is not None:
             prompt_lp = _prompt_logprobs(raw["prompt_logprobs"], prompt_ids)
+        spans, token_versions = _spans(raw.get("weight_versions"), len(tokens), weight_version)
         choices.append(
             Choice(
                 index=int(raw.get("index", len(choices))),
@@ -133,6 +154,8 @@ def decode_completion(body: bytes, *, require_token_ids: bool = False) -> Comple
                 finish_reason=raw.get("finish_reason") or "",
                 stop_reason=raw.get("stop_reason"),
                 prompt_tokens=prompt_tokens,
+                weight_versions=spans,
+                token_versions=token_versions,
             )
         )
     if prompt_lp is None and doc.get("prompt_logprobs") is not None:

@@ -83,6 +83,39 @@ async def test_abort_with_replay_over_http_has_no_failures(fd_baseline: int) -> 
         assert engine.stats.completed_by_version == {"v2": 4}
 
 
+async def test_abort_with_continue_over_http_answers_in_the_callers_shape(fd_baseline: int) -> None:
+    async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        await_resume = {"weight_version": "v1"}
+        replies: list[httpx.Response] = []
+        plain = {k: v for k, v in BODY.items() if k != "return_token_ids"}  # a text prompt
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            await client.post("/admin/resume", json=await_resume)
+
+            async def one() -> None:
+                replies.append(await client.post("/v1/completions", json=plain))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(one)
+                with trio.fail_after(10):
+                    await engine.stats.wait_for(lambda s: s.running == 4)
+                paused = await client.post(
+                    "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
+                )
+                assert paused.status_code == 200 and engine.stats.pause_aborted == 4
+                await client.post("/admin/resume", json={"weight_version": "v2"})
+        assert [r.status_code for r in replies] == [200] * 4
+        for reply in replies:
+            assert reply.headers["x-weight-version"] in ("v2", "v1, v2")
+            doc = reply.json()
+            [choice] = doc["choices"]
+            assert choice["finish_reason"] == "length" and doc["usage"]["completion_tokens"] == 40
+            assert choice["token_ids"] is None and choice["prompt_token_ids"] is None
+            spans = choice["weight_versions"]
+            assert spans[0]["start"] == 0 and spans[-1] == {**spans[-1], "version": "v2", "end": 40}
+            assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:], strict=False))
+
+
 async def test_a_stream_paused_with_abort_ends_with_one_error_event(fd_baseline: int) -> None:
     async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
@@ -198,6 +231,9 @@ async def test_tinker_results_carry_the_weight_version(fd_baseline: int) -> None
         ({"engine_mode": "wait", "mode": "abort"}, "mode"),
         ({"engine_mode": "keep", "replay": True}, "replay"),
         ({"replay": True}, "replay"),  # gate-only wait ends nothing to replay
+        ({"engine_mode": "keep", "replay": "continue"}, "replay"),
+        ({"engine_mode": "wait", "replay": "continue"}, "replay"),
+        ({"engine_mode": "abort", "replay": 1}, "replay"),
     ],
 )
 async def test_a_pause_that_contradicts_itself_is_refused_and_pauses_nothing(

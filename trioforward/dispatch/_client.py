@@ -18,6 +18,7 @@ from trioforward.codec import Completion
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._complete import completion_body, completion_of
+from trioforward.dispatch._continue import CONTINUABLE_PATH, ContinueCounts, ask_token_ids
 from trioforward.dispatch._control import engine_models
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import EngineControl
@@ -27,6 +28,7 @@ from trioforward.dispatch._gating import PauseGate
 from trioforward.dispatch._health import health_loop
 from trioforward.dispatch._kinds import detect_loop, kind_setting
 from trioforward.dispatch._prefix import request_prefix_key
+from trioforward.dispatch._replay import replaying_request, replaying_stream
 from trioforward.dispatch._request import (
     HeaderInput,
     OnDispatch,
@@ -37,12 +39,7 @@ from trioforward.dispatch._request import (
 from trioforward.dispatch._routing import stable_hash
 from trioforward.dispatch._tracing import Tracing, tracing_for
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
-from trioforward.dispatch._weights import (
-    WeightUpdates,
-    replaying_request,
-    replaying_stream,
-    version_label,
-)
+from trioforward.dispatch._weights import WeightUpdates, version_label
 from trioforward.errors import TrioforwardError
 from trioforward.http import ConnectionPool, open_pool
 
@@ -169,6 +166,11 @@ class Client(PauseGate):
             key = None  # not the caller's own key: the prompt routes
         session_hash = stable_hash(key) if key is not None and self._session_routing else None
         req = Request(method, path, pairs, content, model, is_adapter, session_hash)
+        if path == CONTINUABLE_PATH and method == "POST":
+            # Token ids make an aborted completion continuable (docs/operations.md).
+            asked = ask_token_ids(content)
+            if asked is not None:
+                req.content, req.asked_ids = asked, True
         if self._prefix_routing and session_hash is None:
             req.prefix = request_prefix_key(json, content, self.settings.prefix_tokens)
         return req
@@ -316,6 +318,13 @@ class Client(PauseGate):
         )
         content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         return completion_of(await self.post("/v1/completions", json=body, content=content, session=session))
+
+    @property
+    def continued(self) -> ContinueCounts:
+        """What ``replay="continue"`` did so far: ``.answers`` continued,
+        ``.continuations`` sent, ``.tokens_kept`` (tokens a whole replay would have
+        decoded again), ``.whole`` (aborted answers replayed whole instead)."""
+        return self._dispatcher.continued
 
     async def engine_models(self) -> list[dict[str, Any]]:
         """The engines' ``GET /v1/models`` entries (dicts with ``"id"``, in engine order).

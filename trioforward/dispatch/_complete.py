@@ -84,7 +84,9 @@ def completion_of(response: ForwardResponse) -> Completion:
         err.queue_time = response.queue_time
         err.engine_time = response.engine_time
         raise err
-    completion = decode_completion(response.content, require_token_ids=True)
+    completion = decode_completion(
+        response.content, require_token_ids=True, weight_version=response.weight_version
+    )
     completion.engine = response.engine
     completion.attempts = response.attempts
     completion.queue_time = response.queue_time

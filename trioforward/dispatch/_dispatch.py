@@ -34,6 +34,7 @@ import trio
 from trioforward import Phase, Settings
 from trioforward.dispatch._adapters import AdapterLoader
 from trioforward.dispatch._budget import RetryBudget
+from trioforward.dispatch._continue import ContinueCounts
 from trioforward.dispatch._drain import Drain
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._hint import retry_after_hint
@@ -100,6 +101,7 @@ class Dispatcher:
         self.responses: Counter[tuple[str, int]] = Counter()
         # Recorded by resume(weight_version=...); stamped on each request at dispatch.
         self.weight_version: str | None = None
+        self.continued = ContinueCounts()  # replay="continue" (dispatch/_continue.py)
         # Moving mean (s) of one dispatch's engine time: for Retry-After hints.
         self.engine_time_avg = 0.0
         self.drain = Drain(registry)  # ends QUEUED waits on shutdown (_drain.py)

@@ -44,7 +44,7 @@ class PauseGate:
         mode: PauseMode = "wait",
         *,
         engine_mode: EngineMode | None = None,
-        replay: bool = False,
+        replay: bool | str = False,
         call_engines: bool = True,
     ) -> None:
         """Stop new dispatch to ``engines`` (default: all, including ones added later),
@@ -54,9 +54,13 @@ class PauseGate:
         only (no ``engine_mode``): ``mode="wait"`` returns once the in-flight
         requests there finished; ``"abort"`` closes them and returns. With
         ``engine_mode`` (``"keep"``, ``"retract"``, ``"wait"``, ``"abort"``) every
-        engine is paused too, at once, all or nothing. ``replay=True``: requests
-        a pause aborted run again, whole, after :meth:`resume`; otherwise each
-        caller gets :class:`DispatchAborted`. ``call_engines=False``: gate and
+        engine is paused too, at once, all or nothing. ``replay=True`` (or
+        ``"whole"``): requests a pause aborted run again, whole, after
+        :meth:`resume`; ``replay="continue"``: a completion an engine pause ended
+        after it generated tokens is continued from them after :meth:`resume`
+        (prompt + tokens so far, the budget left), its answer joined into one with
+        per-choice ``weight_versions`` (docs/operations.md, "Continue after an
+        abort pause"); otherwise each caller gets :class:`DispatchAborted`. ``call_engines=False``: gate and
         prepare here only (a fleet member; one member pauses the engines).
 
         Raises ``KeyError`` for an unknown engine, ``ValueError`` for a bad

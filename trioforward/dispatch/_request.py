@@ -129,6 +129,7 @@ class Request:
         "frozen_time",
         "weight_version",
         "trace",
+        "asked_ids",
     )
 
     def __init__(
@@ -169,13 +170,16 @@ class Request:
         # the weight version when it was dispatched.
         self.streaming = False
         self.handed_over = False
-        self.replay: bool | None = None
+        self.replay: bool | str | None = None
         self.deadline = math.inf  # the dispatch deadline on its current engine
         self.frozen_since: float | None = None
         self.frozen_time = 0.0
         self.weight_version: str | None = None
         # Its spans (_tracing.RequestTrace) when the client traces, else None.
         self.trace: RequestTrace | None = None
+        # The gateway added return_token_ids to the body (dispatch/_continue.py):
+        # the answer's token-id lists are the gateway's, not the caller's.
+        self.asked_ids = False
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""

@@ -30,27 +30,20 @@ reads in :class:`Client` (``req.replay``) and one store at dispatch
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
+from trioforward.dispatch._continue import CONTINUE, WHOLE, replay_mode
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import ENGINE_MODES, EngineControl, EngineControlError
 from trioforward.dispatch._engines import Engine, Registry
-from trioforward.dispatch._outcome import Reply
-from trioforward.dispatch._request import Request
-from trioforward.errors import DispatchAborted, UpstreamBroken
 
 __all__ = [
     "WeightUpdates",
     "EnginePause",
     "version_label",
-    "is_abort_answer",
-    "replaying_request",
-    "replaying_stream",
     "fleet_pause_value",
     "fleet_pause_args",
     "pause_conflict",
@@ -58,8 +51,11 @@ __all__ = [
 
 log = logging.getLogger("trioforward.dispatch")
 
-_ABORT = b'"finish_reason":"abort"'
 MAX_VERSION_LENGTH = 128
+#: Seconds an abort pause with ``replay="continue"`` waits, once the engines'
+#: pause answered, for the abort answers on their way (their tokens are kept)
+#: before closing what is still open (docs/operations.md).
+ABORT_ANSWER_GRACE = 2.0
 
 
 @dataclass(slots=True)
@@ -71,7 +67,7 @@ class EnginePause:
     since: float
 
 
-def pause_conflict(mode: str, engine_mode: str | None, replay: bool) -> tuple[str, str] | None:
+def pause_conflict(mode: str, engine_mode: str | None, replay: bool | str | None) -> tuple[str, str] | None:
     """What contradicts itself in a pause request, as ``(message, param)``, or None.
 
     ``mode: "abort"`` is the gate-only way to end in-flight requests: beside an
@@ -93,12 +89,6 @@ def pause_conflict(mode: str, engine_mode: str | None, replay: bool) -> tuple[st
     return None
 
 
-def is_abort_answer(content: bytes) -> bool:
-    """True if a completion body ends a choice with ``finish_reason: "abort"`` (vLLM,
-    SGLang: a request the engine aborted; orjson/FastAPI write no spaces)."""
-    return _ABORT in content or b'"finish_reason": "abort"' in content
-
-
 def version_label(start: str | None, end: str | None) -> str | None:
     """``X-Weight-Version`` of an answer dispatched under ``start`` and finished under
     ``end``: one version, or both (``"step-119, step-120"``) when a keep pause
@@ -106,45 +96,6 @@ def version_label(start: str | None, end: str | None) -> str | None:
     if start == end:
         return start
     return f"{start or 'none'}, {end or 'none'}"
-
-
-async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
-    """``dispatcher.request(req)``, run again whole when an engine pause ended it
-    and asked for a replay (``req.replay``); a ``finish_reason: "abort"`` answer
-    of such a request is never handed out (DispatchAborted without replay)."""
-    while True:
-        try:
-            reply = await dispatcher.request(req)
-        except (DispatchAborted, UpstreamBroken):
-            if not req.replay:
-                raise
-        else:
-            if req.replay is None or not is_abort_answer(reply.content):
-                return reply
-            if not req.replay:
-                raise req.stamp(req.aborted()) from None
-        if req.trace is not None:
-            req.trace.replay(req.abort_reason)
-        req.rearm()
-
-
-@asynccontextmanager
-async def replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterator[Reply]:
-    """``dispatcher.stream(req)``, run again when an engine pause ended it before its
-    head went to the caller (after that it is never replayed: DispatchAborted)."""
-    req.streaming = True
-    while True:
-        try:
-            async with dispatcher.stream(req) as reply:
-                req.handed_over = True
-                yield reply
-                return
-        except DispatchAborted:
-            if not req.replay or req.handed_over:
-                raise
-        if req.trace is not None:
-            req.trace.replay(req.abort_reason)
-        req.rearm()
 
 
 class WeightUpdates:
@@ -174,18 +125,21 @@ class WeightUpdates:
         targets: list[Engine],
         mode: str,
         engine_mode: str | None,
-        replay: bool,
+        replay: bool | str | None,
         call_engines: bool = True,
     ) -> None:
         """Gate ``targets``, then pause them at ``engine_mode`` (None: gate only, as
-        ``mode`` says). ``call_engines=False``: this process's part only (a fleet
-        member; another member pauses the engines once: :meth:`pause_engines`).
-        Raises ``ValueError`` for a bad mode, :class:`EngineControlError`."""
+        ``mode`` says). ``replay``: ``False``/``None``, ``True``/``"whole"``, or
+        ``"continue"`` (docs/operations.md). ``call_engines=False``: this process's
+        part only (a fleet member; another member pauses the engines once:
+        :meth:`pause_engines`). Raises ``ValueError`` for a bad mode or replay,
+        :class:`EngineControlError`."""
         if engine_mode is not None and engine_mode not in ENGINE_MODES:
             raise ValueError(
                 f"engine_mode must be one of {', '.join(ENGINE_MODES)}, got {engine_mode!r}"
             )
-        conflict = pause_conflict(mode, engine_mode, replay)
+        how = replay_mode(replay)
+        conflict = pause_conflict(mode, engine_mode, how)
         if conflict is not None:
             raise ValueError(conflict[0])
         gated = [e for e in targets if not e.paused]
@@ -193,16 +147,27 @@ class WeightUpdates:
             self._registry.set_paused(engine, True)
         if engine_mode is None:
             if mode == "abort":
-                self._abort(targets, replay, "mode=abort")
+                self._abort(targets, how, "mode=abort")
             await _wait_idle(targets)
             return
-        if engine_mode == "abort" and call_engines:
-            # A stream whose head went out cannot be replayed: end it ourselves,
-            # before the engine sends a truncated "finish_reason: abort" stream.
-            self._abort(targets, replay, "engine_mode=abort", streams_only=True)
+        if engine_mode == "abort" and how == CONTINUE:
+            # Streams are not continued (yet): ended here, before the engine's
+            # truncated stream, as for a whole replay.
+            self._abort(targets, WHOLE, "engine_mode=abort", streams_only=True)
+            # Every other request waits for the engine's abort answer: its tokens
+            # so far are what the continuation starts from.
             for engine in targets:
                 for req in engine.calls:
-                    req.replay = replay
+                    req.replay = CONTINUE
+            if not call_engines:
+                return  # a fleet member: the engines' abort answers end its requests
+        elif engine_mode == "abort" and call_engines:
+            # A stream whose head went out cannot be replayed: end it ourselves,
+            # before the engine sends a truncated "finish_reason: abort" stream.
+            self._abort(targets, how, "engine_mode=abort", streams_only=True)
+            for engine in targets:
+                for req in engine.calls:
+                    req.replay = how is not None
         if call_engines:
             try:
                 await self.pause_engines(targets, engine_mode)
@@ -216,6 +181,11 @@ class WeightUpdates:
                 for req in engine.calls:
                     req.frozen_since = now
         elif engine_mode == "abort":
+            if how == CONTINUE:
+                # The engine's abort answers are on their way: read them (their
+                # tokens are kept) before closing what it still holds.
+                with trio.move_on_after(ABORT_ANSWER_GRACE):
+                    await _wait_idle(targets)
             for engine in targets:
                 if engine.calls and call_engines:
                     # vLLM 0.32 holds a request that reached it after the pause and
@@ -226,9 +196,11 @@ class WeightUpdates:
                         " (not ended by the engine, or its answer not read yet): closed%s",
                         engine.url,
                         len(engine.calls),
-                        ", replayed after resume" if replay else "",
+                        {None: "", "whole": ", replayed after resume"}.get(
+                            how, ", replayed or continued after resume"
+                        ),
                     )
-            self._abort(targets, replay, "engine_mode=abort")
+            self._abort(targets, how, "engine_mode=abort")
         if engine_mode != "keep" and engine_mode != "retract":
             await _wait_idle(targets)
 
@@ -265,13 +237,16 @@ class WeightUpdates:
             ) from failed[0][1]
 
     def _abort(
-        self, targets: list[Engine], replay: bool, why: str, streams_only: bool = False
+        self, targets: list[Engine], how: str | None, why: str, streams_only: bool = False
     ) -> None:
         for engine in targets:
             for req in list(engine.calls):
                 if streams_only and not req.streaming:
                     continue
-                req.replay = replay and not req.handed_over
+                if how == CONTINUE:
+                    req.replay = CONTINUE
+                else:
+                    req.replay = how is not None and not req.handed_over
                 req.abort(f"engine {engine.url} was paused ({why}) for a weight update")
 
     # -- resume ------------------------------------------------------------------
@@ -360,12 +335,13 @@ async def _wait_idle(targets: list[Engine]) -> None:
 FLEET_PREFIX = "engine:"
 
 
-def fleet_pause_value(mode: str, engine_mode: str | None, replay: bool) -> str:
+def fleet_pause_value(mode: str, engine_mode: str | None, replay: bool | str | None) -> str:
     """The control plane's value for a pause (docs/fleet.md, "Control plane"):
-    ``mode`` for a gate-only pause, else ``engine:<engine_mode>[+replay]``."""
+    ``mode`` for a gate-only pause, else ``engine:<engine_mode>[+replay|+continue]``."""
     if engine_mode is None:
         return mode
-    return FLEET_PREFIX + engine_mode + ("+replay" if replay else "")
+    how = replay_mode(replay)
+    return FLEET_PREFIX + engine_mode + {None: "", "whole": "+replay", CONTINUE: "+continue"}[how]
 
 
 def fleet_pause_args(value: str) -> dict[str, Any]:
@@ -374,4 +350,5 @@ def fleet_pause_args(value: str) -> dict[str, Any]:
     if not value.startswith(FLEET_PREFIX):
         return {"mode": value}
     engine_mode, _, flag = value[len(FLEET_PREFIX) :].partition("+")
-    return {"engine_mode": engine_mode, "replay": flag == "replay", "call_engines": False}
+    replay: bool | str = CONTINUE if flag == CONTINUE else flag == "replay"
+    return {"engine_mode": engine_mode, "replay": replay, "call_engines": False}

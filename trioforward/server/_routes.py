@@ -9,7 +9,7 @@ Admin API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
 - ``POST /admin/engines {"url", "kind"?}`` adds an engine; ``DELETE /admin/engines {"url"}``
   (or ``?url=``) removes it (its in-flight requests are aborted by the dispatch core).
 - ``POST /admin/pause {"engines": [url, ...] | null, "mode": "wait" | "abort",
-  "engine_mode": "keep" | "retract" | "wait" | "abort" | null, "replay": bool}``:
+  "engine_mode": "keep" | "retract" | "wait" | "abort" | null, "replay": bool | "whole" | "continue"}``:
   stops new dispatch (requests wait in QUEUED, no budget charged) and, with
   ``engine_mode``, pauses the engines themselves (all or nothing: 502
   ``engine_control_failed`` naming the engine that failed); answers once the
@@ -155,7 +155,7 @@ async def _fleet_pause(
     engines: list[str] | None,
     mode: str,
     engine_mode: str | None,
-    replay: bool,
+    replay: bool | str,
 ) -> None:
     """A fleet-wide pause (docs/operations.md, "Fleet mode"): every member gates and
     does its own part through the control plane, then this member pauses the
@@ -304,8 +304,8 @@ def install_routes(app: QuartTrio) -> None:
             modes = ", ".join(f'"{m}"' for m in ENGINE_MODES)
             raise bad_request(f"'engine_mode' must be null or one of {modes}", "engine_mode")
         replay = data.get("replay", False)
-        if not isinstance(replay, bool):
-            raise bad_request("'replay' must be true or false", "replay")
+        if replay not in (True, False, "whole", "continue") or isinstance(replay, int) and not isinstance(replay, bool):
+            raise bad_request('\'replay\' must be true, false, "whole" or "continue"', "replay")
         conflict = pause_conflict(mode, engine_mode, replay)
         if conflict is not None:
             raise bad_request(*conflict)

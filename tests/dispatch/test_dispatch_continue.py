@@ -1,0 +1,296 @@
+"""replay="continue": an aborted completion resumes from its tokens so far (docs/operations.md)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from dispatch_testing import COMPLETION, body, client_for
+
+from trioforward.dispatch import ForwardResponse
+from trioforward.sim import expected_completion, open_engine
+
+PROMPT = [1, 2, 3]
+MODEL = "sim-base"
+
+
+def gen(max_tokens: int | None = 10, **extra: Any) -> dict[str, Any]:
+    out = body(prompt=PROMPT, max_tokens=max_tokens or 0, seed=3, logprobs=1, **extra)
+    if max_tokens is None:
+        del out["max_tokens"]
+    return out
+
+
+def continued(prompt: list[int], first: int, total: int, index: int = 0) -> tuple[list[int], list[float]]:
+    """What the sim answers a generation aborted after ``first`` tokens and continued
+    once: its first ``first`` tokens, then a fresh sequence for prompt + those."""
+    head, head_lp, _ = expected_completion(MODEL, prompt, 3, index, total)
+    tail, tail_lp, _ = expected_completion(MODEL, prompt + head[:first], 3, 0, total - first)
+    return head[:first] + tail, head_lp[:first] + tail_lp
+
+
+async def post_into(client: Any, out: list[ForwardResponse], payload: dict[str, Any]) -> None:
+    out.append(await client.post(COMPLETION, json=payload))
+
+
+async def update(client: Any, version: str, after: float = 0.0) -> None:
+    """One abort weight update with continue, ``after`` seconds from now."""
+    await trio.sleep(after)
+    await client.pause(engine_mode="abort", replay="continue")
+    await trio.sleep(30)  # the weights are pushed
+    await client.resume(weight_version=version)
+
+
+async def test_abort_update_with_continue_gives_whole_answers_split_by_version(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        await client.resume(weight_version="v1")
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(post_into, client, results, gen(return_token_ids=True))
+            await engine.stats.wait_for(lambda s: s.running == 4)
+            await trio.sleep(0.45)  # four tokens decoded each
+            await update(client, "v2")
+        assert [r.status for r in results] == [200] * 4
+        tokens, logprobs = continued(PROMPT, 4, 10)
+        for r in results:
+            doc = r.json()
+            [choice] = doc["choices"]
+            assert choice["finish_reason"] == "length" and choice["token_ids"] == tokens
+            assert choice["logprobs"]["token_logprobs"] == logprobs
+            assert len(choice["logprobs"]["tokens"]) == 10
+            assert choice["weight_versions"] == [
+                {"version": "v1", "start": 0, "end": 4},
+                {"version": "v2", "start": 4, "end": 10},
+            ]
+            assert doc["usage"]["prompt_tokens"] == 3 and doc["usage"]["completion_tokens"] == 10
+            assert r.weight_version == "v1, v2" and r.attempts == 2
+        # Each generation decoded once: the four aborted tokens were kept, not re-run.
+        assert engine.stats.tokens_decoded == 4 * 10
+        assert engine.stats.by_path[COMPLETION] == 8
+        assert client.continued.answers == 4 and client.continued.tokens_kept == 16
+
+
+async def test_two_updates_during_one_generation(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        await client.resume(weight_version="v1")
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, results, gen(20, return_token_ids=True))
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.35)  # 3 tokens under v1
+            await update(client, "v2")
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.55)  # 5 more under v2
+            await update(client, "v3")
+        [choice] = results[0].json()["choices"]
+        assert len(choice["token_ids"]) == 20 and choice["finish_reason"] == "length"
+        assert choice["weight_versions"] == [
+            {"version": "v1", "start": 0, "end": 3},
+            {"version": "v2", "start": 3, "end": 8},
+            {"version": "v3", "start": 8, "end": 20},
+        ]
+        assert engine.stats.tokens_decoded == 20 and results[0].attempts == 3
+
+
+async def test_a_request_aborted_before_any_token_goes_again_whole(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100, capacity=1) as engine,
+        client_for(engine) as client,
+    ):
+        await client.resume(weight_version="v1")
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(2):  # the second waits in the engine's own queue
+                nursery.start_soon(post_into, client, results, gen(return_token_ids=True))
+            await engine.stats.wait_for(lambda s: s.running == 1 and s.queued == 1)
+            await trio.sleep(0.45)
+            await update(client, "v2")
+        spans = sorted(
+            tuple(s["version"] for s in r.json()["choices"][0]["weight_versions"]) for r in results
+        )
+        assert spans == [("v1", "v2"), ("v2",)]  # continued; whole on the new weights
+        whole = next(r for r in results if len(r.json()["choices"][0]["weight_versions"]) == 1)
+        expected, _, _ = expected_completion(MODEL, PROMPT, 3, 0, 10)
+        assert whole.json()["choices"][0]["token_ids"] == expected
+        assert engine.stats.tokens_decoded == 2 * 10
+
+
+async def test_n4_each_choice_continues_on_its_own(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        await client.resume(weight_version="v1")
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, results, gen(n=4, return_token_ids=True))
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.45)
+            await update(client, "v2")
+        doc = results[0].json()
+        assert [c["index"] for c in doc["choices"]] == [0, 1, 2, 3]
+        for c in doc["choices"]:
+            tokens, logprobs = continued(PROMPT, 4, 10, c["index"])
+            assert c["token_ids"] == tokens and c["logprobs"]["token_logprobs"] == logprobs
+            assert [s["end"] for s in c["weight_versions"]] == [4, 10]
+        assert doc["usage"]["completion_tokens"] == 40
+        assert engine.stats.tokens_decoded == 40 and engine.stats.by_path[COMPLETION] == 5
+
+
+async def test_caller_without_max_tokens_keeps_the_first_attempts_budget(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, results, gen(None))  # the engine's 16
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.45)
+            await update(client, "v2")
+        [choice] = results[0].json()["choices"]
+        assert choice["token_ids"] is None  # the caller did not ask for them
+        assert len(choice["logprobs"]["tokens"]) == 16 and choice["finish_reason"] == "length"
+        assert [s["end"] for s in choice["weight_versions"]] == [4, 16]
+        assert engine.stats.tokens_decoded == 16
+
+
+async def test_caller_without_return_token_ids_gets_its_shape(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        plain = await client.post(COMPLETION, json=gen())
+        choice = plain.json()["choices"][0]
+        assert choice["token_ids"] is None and choice["prompt_token_ids"] is None
+        assert "weight_versions" not in choice  # passed through as the engine sent it
+
+
+async def test_continuation_over_the_model_length_ends_with_length(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Prompt 3 + 10 tokens fit a 12-token model only as 3 + 9 (vLLM cuts); prompt +
+    # the 4 tokens so far still fit, but make the engine refuse by shrinking it.
+    async with (
+        open_engine(decode_ms_per_token=100, max_model_len=13) as engine,
+        client_for(engine) as client,
+    ):
+        await client.resume(weight_version="v1")
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, results, gen(return_token_ids=True))
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.45)
+            await client.pause(engine_mode="abort", replay="continue")
+            engine.max_model_len = engine.adapters.max_model_len = 5  # 3 + 4 no longer fits
+            await client.resume(weight_version="v2")
+        assert results[0].status == 200
+        [choice] = results[0].json()["choices"]
+        expected, _, _ = expected_completion(MODEL, PROMPT, 3, 0, 10)
+        assert choice["token_ids"] == expected[:4] and choice["finish_reason"] == "length"
+        assert choice["weight_versions"] == [{"version": "v1", "start": 0, "end": 4}]
+
+
+async def test_engine_abort_answers_without_token_ids_are_replayed_whole_logged_once(
+    fd_baseline: int,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import trioforward.sim._engine as sim_engine
+
+    parse = sim_engine.parse_generation
+
+    def no_token_ids(*args: Any) -> Any:  # an engine that ignores return_token_ids
+        out = parse(*args)
+        out.return_token_ids = False
+        return out
+
+    monkeypatch.setattr(sim_engine, "parse_generation", no_token_ids)
+    caplog.set_level(logging.WARNING, logger="trioforward.dispatch")
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(post_into, client, results, gen())
+            await engine.stats.wait_for(lambda s: s.running == 3)
+            await trio.sleep(0.45)
+            await update(client, "v2")
+        for r in results:
+            [choice] = r.json()["choices"]
+            assert choice["finish_reason"] == "length" and len(choice["logprobs"]["tokens"]) == 10
+        assert engine.stats.tokens_decoded == 3 * 4 + 3 * 10  # replayed whole
+        assert engine.stats.by_path[COMPLETION] == 6
+        warnings = [r for r in caplog.records if "without token_ids" in r.getMessage()]
+        assert len(warnings) == 1
+
+
+async def test_continue_beside_a_pause_that_ends_nothing_is_refused(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine() as engine,
+        client_for(engine) as client,
+    ):
+        for mode in ("keep", "wait"):
+            with pytest.raises(ValueError, match="'replay'"):
+                await client.pause(engine_mode=mode, replay="continue")
+        with pytest.raises(ValueError, match="'replay' must be"):
+            await client.pause(engine_mode="abort", replay="again")
+        assert not engine.rl.paused and engine.stats.pauses == {}
+
+
+async def test_embedded_complete_carries_spans_and_token_versions(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        await client.resume(weight_version="v1")
+        plain = await client.complete(model=MODEL, prompt=PROMPT, max_tokens=3)
+        assert plain.choices[0].weight_versions == [{"version": "v1", "start": 0, "end": 3}]
+        assert plain.choices[0].token_versions.tolist() == [0, 0, 0]
+        out: list[Any] = []
+
+        async def one() -> None:
+            out.append(await client.complete(model=MODEL, prompt=PROMPT, max_tokens=10, seed=3))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.45)
+            await update(client, "v2")
+        choice = out[0].choices[0]
+        tokens, logprobs = continued(PROMPT, 4, 10)
+        assert choice.tokens.tolist() == tokens
+        assert np.array_equal(choice.logprobs, np.array(logprobs, dtype=np.float32))
+        assert choice.token_versions.dtype == np.int32
+        assert choice.token_versions.tolist() == [0] * 4 + [1] * 6
+        assert [s["version"] for s in choice.weight_versions] == ["v1", "v2"]

@@ -1,0 +1,382 @@
+"""Continue, don't replay: a completion an abort pause ended resumes from its tokens so far.
+
+With ``pause(engine_mode="abort", replay="continue")`` (docs/operations.md,
+"Continue after an abort pause") a ``/v1/completions`` answer that an engine
+pause ended (``finish_reason: "abort"``, 200, the tokens so far as vLLM 0.32 and
+SGLang send them) is not handed out and not re-run whole: each aborted choice
+is sent again, on its own (``n: 1``), as its prompt token ids + the tokens it
+generated, with the caller's sampling parameters and the budget left, once the
+engines resume. The segments are joined into the one answer the caller asked
+for (:func:`joined_answer`), with per-choice ``weight_versions`` spans
+``[{"version", "start", "end"}]`` over output positions, ``end`` exclusive (the
+shape of vLLM 0.32's ``WeightVersionSpan`` and SGLang's ``meta_info``).
+
+The gateway asks the engine for token ids (``return_token_ids``) when a
+``/v1/completions`` caller did not (:func:`ask_token_ids`), and takes them out
+of the answer again (:func:`hide_token_ids`): the caller gets the shape it
+asked for. Streams are continued in :mod:`._continue_stream`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import trio
+
+from trioforward.dispatch._outcome import Reply
+from trioforward.dispatch._request import Request
+from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
+
+if TYPE_CHECKING:
+    from trioforward.dispatch._dispatch import Dispatcher
+
+__all__ = [
+    "CONTINUE",
+    "WHOLE",
+    "DEFAULT_MAX_TOKENS",
+    "replay_mode",
+    "ask_token_ids",
+    "hide_token_ids",
+    "Generation",
+    "continuation_body",
+    "joined_answer",
+    "spanned",
+    "is_length_refusal",
+    "warn_no_token_ids",
+    "ContinueCounts",
+    "continued_answer",
+]
+
+log = logging.getLogger("trioforward.dispatch")
+
+CONTINUE = "continue"
+WHOLE = "whole"
+#: ``max_tokens`` of a ``/v1/completions`` request that gives none: vLLM's
+#: ``CompletionRequest.max_tokens`` default (``vllm/entrypoints/openai/protocol.py``)
+#: and SGLang's (docs/operations.md). A continuation is sent with what is left of
+#: it, never with the engine's default again.
+DEFAULT_MAX_TOKENS = 16
+CONTINUABLE_PATH = "/v1/completions"
+
+_ASKED = (b'"return_token_ids":true', b'"return_token_ids": true')
+_IDS = re.compile(rb'"(prompt_token_ids|token_ids)":\s*\[[0-9,\s]*\]')
+# Keys a continuation does not send again: it is one sequence, read whole, whose
+# prompt (the caller's prompt + the tokens so far) needs no echo or prompt logprobs.
+_DROPPED = ("stream", "stream_options", "echo", "prompt_logprobs", "n", "best_of", "suffix")
+
+
+def replay_mode(value: Any) -> str | None:
+    """``replay`` of a pause as a mode: ``None`` (no replay), ``"whole"`` (``True``)
+    or ``"continue"``. Raises ``ValueError`` for anything else."""
+    if value is None or value is False:
+        return None
+    if value is True or value == WHOLE:
+        return WHOLE
+    if value == CONTINUE:
+        return CONTINUE
+    raise ValueError(f"'replay' must be true, false, \"whole\" or \"continue\", got {value!r}")
+
+
+def ask_token_ids(content: bytes) -> bytes | None:
+    """``content`` (a JSON object) with ``"return_token_ids": true`` added last (it
+    wins over an earlier key), or ``None`` when the caller asked for them itself or
+    the body is not a JSON object."""
+    if any(asked in content for asked in _ASKED):
+        return None
+    body = content.rstrip()
+    if not body.startswith(b"{") or not body.endswith(b"}"):
+        return None
+    inner = body[:-1].rstrip()
+    sep = b"" if inner.endswith(b"{") else b","
+    return inner + sep + b'"return_token_ids":true}'
+
+
+def hide_token_ids(data: bytes) -> bytes:
+    """An answer (or SSE chunks) with the token-id lists the gateway asked for set
+    back to ``null``, as the engine answers a caller that did not ask."""
+    if b"token_ids" not in data:
+        return data
+    return _IDS.sub(rb'"\1":null', data)
+
+
+def warn_no_token_ids(counts: ContinueCounts, engine: str) -> None:
+    """Log once per engine (per client) that its abort answers carry no token ids."""
+    if engine not in counts.warned:
+        counts.warned.add(engine)
+        log.warning(
+            "engine %s answered an aborted request without token_ids: it cannot be"
+            " continued and is replayed whole (logged once per engine)",
+            engine,
+        )
+
+
+def is_length_refusal(status: int, content: bytes) -> bool:
+    """An engine's 400 for a prompt over the model length (vLLM: "maximum context
+    length", SGLang: "context length"): a continuation that no longer fits."""
+    return status == 400 and b"context length" in content
+
+
+class Generation:
+    """One choice's segments: tokens, logprobs, text and weight-version spans so far.
+
+    ``prompt``: its prompt token ids; ``choice``: the first segment's choice dict
+    (kept for the fields a continuation does not change); ``tokens``: every
+    generated id; ``continuations``: how many times it was sent again.
+    """
+
+    __slots__ = ("prompt", "choice", "tokens", "logprobs", "text", "spans", "finish", "stop", "continuations")
+
+    def __init__(self, choice: dict[str, Any], prompt: list[int], version: str | None) -> None:
+        self.prompt = prompt
+        self.choice = choice
+        self.tokens: list[int] = []
+        block = choice.get("logprobs")
+        self.logprobs: dict[str, list[Any]] | None = (
+            {k: [] for k in ("text_offset", "token_logprobs", "tokens", "top_logprobs")}
+            if isinstance(block, dict)
+            else None
+        )
+        self.text = ""
+        self.spans: list[dict[str, Any]] = []
+        self.finish: Any = None
+        self.stop: Any = None
+        self.continuations = 0
+        self.add(choice, version)
+
+    def add(self, choice: dict[str, Any], version: str | None) -> None:
+        """Append one segment (an engine choice with ``token_ids``) made under ``version``."""
+        ids = choice.get("token_ids") or []
+        start = len(self.tokens)
+        if ids:
+            if self.spans and self.spans[-1]["version"] == version:
+                self.spans[-1]["end"] = start + len(ids)
+            else:
+                self.spans.append({"version": version, "start": start, "end": start + len(ids)})
+        self.tokens.extend(ids)
+        block = choice.get("logprobs")
+        if self.logprobs is not None and isinstance(block, dict):
+            shift = len(self.text)
+            self.logprobs["text_offset"].extend(o + shift for o in block.get("text_offset") or [])
+            for key in ("token_logprobs", "tokens", "top_logprobs"):
+                self.logprobs[key].extend(block.get(key) or [])
+        self.text += choice.get("text") or ""
+        self.finish = choice.get("finish_reason")
+        self.stop = choice.get("stop_reason")
+
+    def end(self, finish: str) -> None:
+        """End here with ``finish`` (a continuation the engine refused: ``"length"``)."""
+        self.finish, self.stop = finish, None
+
+    def rendered(self, index: int, ids: bool) -> dict[str, Any]:
+        """The joined choice dict (``ids``: keep ``token_ids``/``prompt_token_ids``)."""
+        out = dict(self.choice)
+        out["index"] = index
+        out["text"] = self.text
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        out["finish_reason"] = self.finish
+        out["stop_reason"] = self.stop
+        out["token_ids"] = self.tokens if ids else None
+        if "prompt_token_ids" in out and not ids:
+            out["prompt_token_ids"] = None
+        spans = self.spans or [{"version": None, "start": 0, "end": 0}]
+        out["weight_versions"] = spans
+        return out
+
+
+def spanned(content: bytes, version: str | None, ids: bool) -> bytes:
+    """A whole completion answer made under ``version`` with one ``weight_versions``
+    span per choice (an answer replayed whole after a continue pause: it crossed an
+    update, so it says which weights made it); ``ids``: keep the token-id lists."""
+    try:
+        doc = orjson.loads(content)
+        choices = doc["choices"]
+        for choice in choices:
+            length = len(choice.get("token_ids") or [])
+            choice["weight_versions"] = [{"version": version, "start": 0, "end": length}]
+            if not ids:
+                choice["token_ids"] = None
+                if "prompt_token_ids" in choice:
+                    choice["prompt_token_ids"] = None
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return content
+    return orjson.dumps(doc)
+
+
+def continuation_body(body: dict[str, Any], gen: Generation, left: int) -> bytes:
+    """The ``/v1/completions`` body continuing ``gen``: prompt ids + tokens so far,
+    ``n: 1``, ``max_tokens: left``, token ids asked, the caller's other fields."""
+    out = {k: v for k, v in body.items() if k not in _DROPPED}
+    out["prompt"] = gen.prompt + gen.tokens
+    out["max_tokens"] = left
+    out["return_token_ids"] = True
+    return orjson.dumps(out)
+
+
+def joined_answer(doc: dict[str, Any], gens: list[Generation], ids: bool) -> bytes:
+    """The one answer of a continued completion: the first answer's envelope, each
+    choice joined from its segments, usage over every generated token."""
+    out = dict(doc)
+    out["choices"] = [g.rendered(i_choice(doc, n), ids) for n, g in enumerate(gens)]
+    use = dict(doc.get("usage") or {})
+    prompt = int(use.get("prompt_tokens") or 0)
+    completion = sum(len(g.tokens) for g in gens)
+    use["completion_tokens"] = completion
+    use["total_tokens"] = prompt + completion
+    out["usage"] = use
+    return orjson.dumps(out)
+
+
+def i_choice(doc: dict[str, Any], n: int) -> int:
+    """The ``index`` of the ``n``-th choice of ``doc`` (its own, else its position)."""
+    choice = doc["choices"][n]
+    index = choice.get("index") if isinstance(choice, dict) else None
+    return index if isinstance(index, int) else n
+
+
+def derived(req: Request, content: bytes) -> Request:
+    """A fresh request carrying one continuation: ``req``'s route, headers and
+    routing key with body ``content``."""
+    sub = Request(req.method, req.url_path, req.headers, content, req.model, req.is_adapter, req.session)
+    sub.on_dispatch = req.on_dispatch
+    return sub
+
+
+class ContinueCounts:
+    """What continuation did for one client: ``answers`` continued, ``continuations``
+    sent, ``tokens_kept`` (generated tokens a whole replay would have decoded again),
+    ``whole`` (aborted answers replayed whole instead: no token ids, or none generated)."""
+
+    __slots__ = ("answers", "continuations", "tokens_kept", "whole", "warned")
+
+    def __init__(self) -> None:
+        self.answers = self.continuations = self.tokens_kept = self.whole = 0
+        self.warned: set[str] = set()  # engines logged for abort answers without token ids
+
+
+async def continued_answer(dispatcher: Dispatcher, req: Request, reply: Reply) -> Reply | None:
+    """The whole answer of ``req``, whose engine answer ``reply`` an abort pause
+    ended, made by continuing each aborted choice; ``None`` when it cannot be
+    continued (not a token completion, no token ids, nothing generated yet): the
+    caller replays it whole. Raises :class:`DispatchAborted` past
+    ``max_continuations`` and the dispatch errors of a continuation."""
+    counts = dispatcher.continued
+    try:
+        doc = orjson.loads(reply.content)
+        body = orjson.loads(req.content)
+    except orjson.JSONDecodeError:
+        return None
+    if req.url_path != CONTINUABLE_PATH or not isinstance(doc, dict) or not isinstance(body, dict):
+        return None
+    choices = doc.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return None
+    gens: list[Generation] = []
+    aborted: list[Generation] = []
+    for choice in choices:
+        ids, prompt = choice.get("token_ids"), choice.get("prompt_token_ids")
+        if not isinstance(ids, list) or not isinstance(prompt, list):
+            warn_no_token_ids(counts, reply.engine.url)
+            counts.whole += 1
+            return None
+        gen = Generation(choice, prompt, req.weight_version)
+        gens.append(gen)
+        if choice.get("finish_reason") == "abort":
+            aborted.append(gen)
+    if not any(g.tokens for g in aborted):
+        counts.whole += 1
+        return None  # nothing generated: a whole replay costs the same
+    budget = body.get("max_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        budget = DEFAULT_MAX_TOKENS  # pinned: never the engine's default for a longer prompt
+    counts.answers += 1
+    counts.tokens_kept += sum(len(g.tokens) for g in aborted)
+    failure: list[Reply] = []
+    errors: list[TrioforwardError] = []
+
+    async def one(gen: Generation) -> None:
+        try:
+            await _continue_one(dispatcher, req, body, gen, budget, failure)
+        except TrioforwardError as exc:
+            errors.append(exc)
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for gen in aborted:
+            nursery.start_soon(one, gen)
+    if errors:
+        raise errors[0]
+    if failure:
+        return failure[0]
+    ids = not req.asked_ids
+    content = joined_answer(doc, gens, ids)
+    return Reply(reply.engine, reply.status, reply.headers, content, None, reply.deadline)
+
+
+async def _continue_one(
+    dispatcher: Dispatcher,
+    req: Request,
+    body: dict[str, Any],
+    gen: Generation,
+    budget: int,
+    failure: list[Reply],
+) -> None:
+    """Send ``gen`` again until it ends other than by an abort pause."""
+    limit = dispatcher.settings.max_continuations
+    counts = dispatcher.continued
+    while True:
+        left = budget - len(gen.tokens)
+        if left <= 0:
+            gen.end("length")
+            return
+        if gen.continuations >= limit:
+            raise req.stamp(
+                DispatchAborted(
+                    f"continued {limit} times after abort pauses (max_continuations)",
+                    phase=req.phase,
+                )
+            )
+        gen.continuations += 1
+        counts.continuations += 1
+        sub = derived(req, continuation_body(body, gen, left))
+        try:
+            answer = await dispatcher.request(sub)
+        except (DispatchAborted, UpstreamBroken):
+            _absorb(req, sub)
+            if not sub.replay:
+                raise
+            continue  # ended by a pause before any token came back: send it again
+        _absorb(req, sub)
+        if is_length_refusal(answer.status, answer.content):
+            gen.end("length")  # prompt + tokens so far no longer fit the model
+            return
+        if not 200 <= answer.status < 300:
+            failure.append(answer)
+            return
+        try:
+            [choice] = orjson.loads(answer.content)["choices"]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            failure.append(answer)
+            return
+        if not isinstance(choice.get("token_ids"), list):
+            warn_no_token_ids(counts, answer.engine.url)
+            failure.append(answer)
+            return
+        if choice.get("finish_reason") == "abort" and sub.replay is False:
+            raise req.stamp(sub.aborted())  # a pause without replay ended it
+        gen.add(choice, sub.weight_version)
+        if choice.get("finish_reason") != "abort" or sub.replay is None:
+            return
+        counts.tokens_kept += len(choice["token_ids"])
+
+
+def _absorb(req: Request, sub: Request) -> None:
+    """Count a continuation's attempts and times in the caller's request."""
+    req.attempts += sub.attempts
+    req.queue_time += sub.queue_time
+    req.engine_time += sub.engine_time
+    if sub.retries:
+        req.retries = [*(req.retries or ()), *sub.retries]

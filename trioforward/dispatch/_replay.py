@@ -1,0 +1,91 @@
+"""Requests an engine pause ended, run again: whole, or continued (docs/operations.md).
+
+:func:`replaying_request` and :func:`replaying_stream` wrap the dispatcher for
+:class:`~trioforward.dispatch.Client`; what a pause marks on a request
+(``req.replay``) is set by :mod:`._weights`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from trioforward.dispatch._continue import (
+    CONTINUABLE_PATH,
+    CONTINUE,
+    continued_answer,
+    hide_token_ids,
+    spanned,
+)
+from trioforward.dispatch._dispatch import Dispatcher
+from trioforward.dispatch._outcome import Reply
+from trioforward.dispatch._request import Request
+from trioforward.errors import DispatchAborted, UpstreamBroken
+
+__all__ = ["is_abort_answer", "replaying_request", "replaying_stream"]
+
+_ABORT = b'"finish_reason":"abort"'
+
+
+def is_abort_answer(content: bytes) -> bool:
+    """True if a completion body ends a choice with ``finish_reason: "abort"`` (vLLM,
+    SGLang: a request the engine aborted; orjson/FastAPI write no spaces)."""
+    return _ABORT in content or b'"finish_reason": "abort"' in content
+
+
+async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
+    """``dispatcher.request(req)``, run again when an engine pause ended it and
+    asked for a replay (``req.replay``): whole, or continued from its tokens so
+    far (``"continue"``, :mod:`._continue`; whole when it cannot be). A
+    ``finish_reason: "abort"`` answer of such a request is never handed out
+    (DispatchAborted without replay)."""
+    crossed = False  # replayed whole after a continue pause: the answer gets its span
+    while True:
+        try:
+            reply = await dispatcher.request(req)
+        except (DispatchAborted, UpstreamBroken):
+            if not req.replay:
+                raise
+        else:
+            if req.replay is None or not is_abort_answer(reply.content):
+                return _shown(req, reply, crossed)
+            if not req.replay:
+                raise req.stamp(req.aborted()) from None
+            if req.replay == CONTINUE:
+                joined = await continued_answer(dispatcher, req, reply)
+                if joined is not None:
+                    return joined
+        crossed = crossed or req.replay == CONTINUE
+        if req.trace is not None:
+            req.trace.replay(req.abort_reason)
+        req.rearm()
+
+
+def _shown(req: Request, reply: Reply, crossed: bool) -> Reply:
+    """``reply`` as its caller asked for it: without the token ids the gateway asked
+    for; with its ``weight_versions`` span if it ``crossed`` a continue pause."""
+    if 200 <= reply.status < 300:
+        if crossed and req.url_path == CONTINUABLE_PATH:
+            reply.content = spanned(reply.content, req.weight_version, not req.asked_ids)
+        elif req.asked_ids:
+            reply.content = hide_token_ids(reply.content)
+    return reply
+
+
+@asynccontextmanager
+async def replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterator[Reply]:
+    """``dispatcher.stream(req)``, run again when an engine pause ended it before its
+    head went to the caller (after that it is never replayed: DispatchAborted)."""
+    req.streaming = True
+    while True:
+        try:
+            async with dispatcher.stream(req) as reply:
+                req.handed_over = True
+                yield reply
+                return
+        except DispatchAborted:
+            if not req.replay or req.handed_over:
+                raise
+        if req.trace is not None:
+            req.trace.replay(req.abort_reason)
+        req.rearm()
