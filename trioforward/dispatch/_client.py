@@ -166,7 +166,7 @@ class Client(PauseGate):
             key = None  # not the caller's own key: the prompt routes
         session_hash = stable_hash(key) if key is not None and self._session_routing else None
         req = Request(method, path, pairs, content, model, is_adapter, session_hash)
-        if path == CONTINUABLE_PATH and method == "POST":
+        if path == CONTINUABLE_PATH and method == "POST" and self._ids_understood():
             # Token ids make an aborted completion continuable (docs/operations.md).
             asked = ask_token_ids(content)
             if asked is not None:
@@ -174,6 +174,10 @@ class Client(PauseGate):
         if self._prefix_routing and session_hash is None:
             req.prefix = request_prefix_key(json, content, self.settings.prefix_tokens)
         return req
+
+    def _ids_understood(self) -> bool:
+        """No engine is of kind ``openai`` (one that may refuse ``return_token_ids``)."""
+        return all(e.kind != "openai" for e in self._registry.engines)
 
     async def post(
         self,
@@ -321,9 +325,7 @@ class Client(PauseGate):
 
     @property
     def continued(self) -> ContinueCounts:
-        """What ``replay="continue"`` did so far: ``.answers`` continued,
-        ``.continuations`` sent, ``.tokens_kept`` (tokens a whole replay would have
-        decoded again), ``.whole`` (aborted answers replayed whole instead)."""
+        """What ``replay="continue"`` did so far (:class:`~trioforward.dispatch._continue.ContinueCounts`)."""
         return self._dispatcher.continued
 
     async def engine_models(self) -> list[dict[str, Any]]:
