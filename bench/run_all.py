@@ -56,6 +56,8 @@ BENCHMARKS = (
           ("--sizes", "64,1024,8192", "--min-requests", "4096")),
     Bench("profile_gateway", "Where trioforward's CPU per request goes, layer by layer",
           ("--sizes", "64,8192")),
+    Bench("tracing_cost", "Tracing's cost: gateway CPU per request with traces off, on (ratio 1, 0.1) and before tracing",
+          ("--sizes", "256,2048", "--rounds", "3", "--min-requests", "4096")),
     Bench("dispatch_queueing", "32,768 requests with engine queueing", ()),
     Bench("futures_scale", "131,072 outstanding Tinker futures", ()),
     Bench("prefix_routing", "Prefix routing vs least-outstanding, round-robin, session and smg", ()),
