@@ -134,3 +134,45 @@ async def test_a_replay_after_a_weight_update_is_a_span_over_the_second_run(
     (queue,) = named(spans, "trioforward.queue")
     assert queue.parent.span_id == replay.context.span_id  # type: ignore[union-attr]
     assert queue.end_time - queue.start_time >= 5e9  # type: ignore[operator]
+
+
+async def test_a_continuation_after_a_weight_update_is_a_span_with_its_own_attempt(
+    fd_baseline: int,
+    exported: tuple[TracerProvider, InMemorySpanExporter],
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    provider, exporter = exported
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine, tracer_provider=provider) as client,
+    ):
+        results: list[ForwardResponse] = []
+
+        async def one() -> None:
+            payload = body(prompt=[1, 2, 3], max_tokens=10, seed=3, return_token_ids=True)
+            results.append(await client.post(COMPLETION, json=payload))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.45)  # four tokens decoded
+            await client.pause(engine_mode="abort", replay="continue")
+            await trio.sleep(5)  # the weight update
+            await client.resume(weight_version="v2")
+    assert [r.status for r in results] == [200]
+    assert engine.stats.by_path[COMPLETION] == 2  # the first run and one continuation
+    spans = exporter.get_finished_spans()
+    (request,) = named(spans, "trioforward.request")
+    (continuation,) = named(spans, "trioforward.continuation")
+    first, second = sorted(named(spans, "trioforward.attempt"), key=lambda s: s.start_time or 0)
+    assert continuation.parent.span_id == request.context.span_id  # type: ignore[union-attr]
+    assert continuation.attributes["trioforward.continuation"] == 1  # type: ignore[index]
+    assert continuation.attributes["trioforward.tokens_kept"] == 4  # type: ignore[index]
+    assert first.parent.span_id == request.context.span_id  # type: ignore[union-attr]
+    assert first.attributes["trioforward.outcome"] == "aborted"  # type: ignore[index]
+    assert first.end_time <= continuation.start_time  # type: ignore[operator]
+    assert second.parent.span_id == continuation.context.span_id  # type: ignore[union-attr]
+    assert second.attributes["trioforward.outcome"] == "answered"  # type: ignore[index]
+    (queue,) = named(spans, "trioforward.queue")  # the continuation waited for the resume
+    assert queue.parent.span_id == continuation.context.span_id  # type: ignore[union-attr]
+    assert [parent_of(tp) for tp in engine.stats.traceparents] == [first.context.span_id, second.context.span_id]

@@ -343,7 +343,12 @@ async def _continue_one(
         counts.continuations += 1
         sub = derived(req, continuation_body(body, gen, left))
         try:
-            answer = await dispatcher.request(sub)
+            if req.trace is None:
+                answer = await dispatcher.request(sub)
+            else:  # a span of its own (docs/operations.md, "End-to-end traces")
+                answer = await req.trace.continuation(
+                    sub, gen.continuations, len(gen.tokens), dispatcher.request(sub)
+                )
         except (DispatchAborted, UpstreamBroken):
             _absorb(req, sub)
             if not sub.replay:

@@ -19,7 +19,9 @@ Spans (names and attributes are listed in docs/operations.md):
 - ``trioforward.adapter_load`` — waiting for a LoRA adapter to load after the
   engine did not know it;
 - ``trioforward.replay`` — a request run again after an engine pause ended it;
-  the spans of the second run hang under it.
+  the spans of the second run hang under it;
+- ``trioforward.continuation`` — one aborted choice sent again from its tokens so
+  far (``replay="continue"``), with the spans of its own dispatch under it.
 
 Times: OpenTelemetry's are wall-clock nanoseconds (``time.time_ns()``); the
 dispatch core's are ``trio.current_time()`` seconds, converted at one instant.
@@ -52,6 +54,7 @@ __all__ = [
     "SPAN_ATTEMPT",
     "SPAN_ADAPTER_LOAD",
     "SPAN_REPLAY",
+    "SPAN_CONTINUATION",
     "TRACER_NAME",
 ]
 
@@ -61,6 +64,7 @@ SPAN_QUEUE = "trioforward.queue"
 SPAN_ATTEMPT = "trioforward.attempt"
 SPAN_ADAPTER_LOAD = "trioforward.adapter_load"
 SPAN_REPLAY = "trioforward.replay"
+SPAN_CONTINUATION = "trioforward.continuation"
 
 # The W3C Trace Context fields (https://www.w3.org/TR/trace-context/): replaced on
 # each attempt by the attempt span's own.
@@ -265,6 +269,28 @@ class RequestTrace:
             attributes={"trioforward.replay": self._replays, "trioforward.replay_reason": reason or ""},
         )
         self._context = self._tracing._api.set_span_in_context(span)
+
+    async def continuation(self, sub: Request, number: int, tokens: int, dispatch: Awaitable[Reply]) -> Reply:
+        """``await dispatch``: the continuation ``sub`` of this request (its
+        ``number``-th for that choice, after ``tokens`` tokens kept), traced in a
+        ``trioforward.continuation`` span of its own under this request's spans."""
+        # The attempt whose answer the pause aborted ends here (the first continuation
+        # of any of its choices), not when the joined answer is handed out.
+        self._close_attempt(None, None, "continued")
+        tracing = self._tracing
+        span = tracing.tracer.start_span(
+            SPAN_CONTINUATION,
+            context=self._context,
+            attributes={"trioforward.continuation": number, "trioforward.tokens_kept": tokens},
+        )
+        trace = sub.trace = RequestTrace(tracing, sub, span, True)
+        try:
+            reply = await dispatch
+        except BaseException as exc:
+            trace.finish(sub, exc)
+            raise
+        trace.finish(sub, None, reply.status)
+        return reply
 
     # -- the end --------------------------------------------------------------------
 
