@@ -56,8 +56,9 @@ class Completion:
 
     ``prompt_logprobs``: ``np.ndarray[float32]`` of shape ``(len(prompt),)``, NaN at
     position 0 and wherever the engine gave no value; ``None`` when not requested.
-    ``engine`` (URL), ``attempts``, ``queue_time`` and ``engine_time`` (seconds) are
-    filled in by the dispatch client.
+    ``engine`` (URL), ``attempts``, ``queue_time`` and ``engine_time`` (seconds) and
+    ``request_id`` (the caller's or the gateway's; docs/server.md, "Request ids and
+    rollout groups") are filled in by the dispatch client.
     """
 
     id: str
@@ -69,6 +70,7 @@ class Completion:
     attempts: int = 0
     queue_time: float = 0.0
     engine_time: float = 0.0
+    request_id: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 

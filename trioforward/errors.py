@@ -59,6 +59,9 @@ class TrioforwardError(Exception):
         # Seconds a client should wait before retrying (the ``Retry-After`` the
         # gateway sends with its own 429/503), or None.
         self.retry_after: int | None = None
+        # The request's id (docs/server.md, "Request ids and rollout groups"), or
+        # None for an error raised before the request had one.
+        self.request_id: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """The OpenAI-style error body (docs/server.md, "Errors")."""

@@ -21,6 +21,7 @@ from trioforward.dispatch._engine_control import ENGINE_MODES
 from trioforward.dispatch._engines import EngineInfo
 from trioforward.dispatch._kinds import KINDS as ENGINE_KINDS
 from trioforward.dispatch._forward_stream import ForwardStream
+from trioforward.dispatch._identity import MAX_ID_LENGTH, bad_id_reason
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.dispatch._weights import (
     EnginePause,
@@ -46,4 +47,6 @@ __all__ = [
     "fleet_pause_args",
     "fleet_pause_value",
     "pause_conflict",
+    "bad_id_reason",
+    "MAX_ID_LENGTH",
 ]

@@ -27,6 +27,7 @@ from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._gating import PauseGate
 from trioforward.dispatch._health import health_loop
 from trioforward.dispatch._kinds import detect_loop, kind_setting
+from trioforward.dispatch._identity import check_id
 from trioforward.dispatch._prefix import request_prefix_key
 from trioforward.dispatch._replay import replaying_request, replaying_stream
 from trioforward.dispatch._request import (
@@ -141,12 +142,24 @@ class Client(PauseGate):
         headers: HeaderInput,
         session: str | None,
         session_implied: bool = False,
+        request_id: str | None = None,
+        group: str | None = None,
     ) -> Request:
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/': {path!r}")
         if content is None:
             content = b"" if json is None else orjson.dumps(json, option=orjson.OPT_SERIALIZE_NUMPY)
-        pairs, session_header = prepare_headers(headers, json_body=bool(content))
+        pairs, said = prepare_headers(headers, json_body=bool(content))
+        session_header = said.session
+        # Identity: the keyword, else the header, else one the dispatcher makes.
+        if request_id is None:
+            request_id = said.request_id
+        if request_id is not None:
+            check_id(request_id, "request_id (X-Request-Id)")
+        if group is None:
+            group = said.group
+        if group is not None:
+            check_id(group, "group (X-Rollout-Group)")
         model: str | None = None
         is_adapter = False
         if self.adapters:
@@ -165,7 +178,9 @@ class Client(PauseGate):
         if session_implied and self._prefix_routing:
             key = None  # not the caller's own key: the prompt routes
         session_hash = stable_hash(key) if key is not None and self._session_routing else None
-        req = Request(method, path, pairs, content, model, is_adapter, session_hash)
+        req = Request(
+            method, path, pairs, content, model, is_adapter, session_hash, request_id or "", group
+        )
         if path == CONTINUABLE_PATH and method == "POST" and self._ids_understood():
             # Token ids make an aborted completion continuable (docs/operations.md).
             asked = ask_token_ids(content)
@@ -189,6 +204,8 @@ class Client(PauseGate):
         session: str | None = None,
         session_implied: bool = False,
         on_dispatch: OnDispatch | None = None,
+        request_id: str | None = None,
+        group: str | None = None,
     ) -> ForwardResponse:
         """Forward ``POST path`` to an engine and return its answer, whatever its status.
 
@@ -204,7 +221,11 @@ class Client(PauseGate):
         at once; the upstream connection is closed so the engine aborts.
         ``on_dispatch(engine_url, attempt, queue_time_s)``, if given, is called as
         each attempt starts (synchronously; it must not raise): what a request
-        that is cancelled reached.
+        that is cancelled reached. ``request_id`` (default: the ``X-Request-Id``
+        header, else one the gateway makes; the answer's ``.request_id``) and
+        ``group`` (the rollout group, default: the ``X-Rollout-Group`` header):
+        printable ASCII without spaces, 1..128 characters, else ``ValueError``
+        (docs/server.md, "Request ids and rollout groups").
         """
         return await self.request(
             "POST",
@@ -215,6 +236,8 @@ class Client(PauseGate):
             session=session,
             session_implied=session_implied,
             on_dispatch=on_dispatch,
+            request_id=request_id,
+            group=group,
         )
 
     async def request(
@@ -229,12 +252,16 @@ class Client(PauseGate):
         session_implied: bool = False,
         on_dispatch: OnDispatch | None = None,
         span: Any = None,
+        request_id: str | None = None,
+        group: str | None = None,
     ) -> ForwardResponse:
         """As :meth:`post`, with any method (``GET /v1/models`` ...). ``span``: the
         caller's own OpenTelemetry span for this request (the gateway's server
         span), under which the dispatch spans go when the client traces; the
         caller ends it."""
-        req = self._request(method, path, json, content, headers, session, session_implied)
+        req = self._request(
+            method, path, json, content, headers, session, session_implied, request_id, group
+        )
         req.on_dispatch = on_dispatch
         dispatcher = self._dispatcher
         if self._tracing is None:
@@ -251,6 +278,7 @@ class Client(PauseGate):
             req.engine_time,
             tuple(req.retries) if req.retries else (),
             version_label(req.weight_version, dispatcher.weight_version),
+            req.request_id,
         )
 
     @asynccontextmanager
@@ -265,13 +293,17 @@ class Client(PauseGate):
         method: str = "POST",
         on_dispatch: OnDispatch | None = None,
         span: Any = None,
+        request_id: str | None = None,
+        group: str | None = None,
     ) -> AsyncIterator[ForwardStream]:
         """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
         body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
         exits; leaving before the end closes the upstream connection (the engine aborts).
         ``span`` as for :meth:`request`; the spans end when the block exits.
         """
-        req = self._request(method, path, json, content, headers, session)
+        req = self._request(
+            method, path, json, content, headers, session, request_id=request_id, group=group
+        )
         req.on_dispatch = on_dispatch
         replies = replaying_stream(self._dispatcher, req)
         if self._tracing is not None:
@@ -293,6 +325,8 @@ class Client(PauseGate):
         stop_token_ids: list[int] | None = None,
         prompt_logprobs: int | None = None,
         session: str | None = None,
+        request_id: str | None = None,
+        group: str | None = None,
         **extra: Any,
     ) -> Completion:
         """Sample ``n`` completions of token-id ``prompt`` with ``POST /v1/completions``.
@@ -305,7 +339,8 @@ class Client(PauseGate):
         non-2xx answer, :class:`~trioforward.codec.CodecError` (a ``ValueError``)
         for a 2xx body that is not a completion or has no ``token_ids``, the
         dispatch errors of :meth:`post`, and ``ValueError`` for ``stream`` or
-        ``return_token_ids`` in ``extra``.
+        ``return_token_ids`` in ``extra``. ``request_id`` and ``group`` as for
+        :meth:`post`; the completion's ``.request_id`` is the request's id.
         """
         body = completion_body(
             model=model,
@@ -321,7 +356,15 @@ class Client(PauseGate):
             extra=extra,
         )
         content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-        return completion_of(await self.post("/v1/completions", json=body, content=content, session=session))
+        response = await self.post(
+            "/v1/completions",
+            json=body,
+            content=content,
+            session=session,
+            request_id=request_id,
+            group=group,
+        )
+        return completion_of(response)
 
     @property
     def continued(self) -> ContinueCounts:
@@ -339,6 +382,11 @@ class Client(PauseGate):
         return await engine_models(
             list(self._registry.engines), self._control_pool, self.settings.health_timeout
         )
+
+    def new_request_id(self) -> str:
+        """A fresh request id, unique to this process (what a request sent without
+        one gets; docs/server.md, "Request ids and rollout groups")."""
+        return self._dispatcher.ids.request_id()
 
     def retry_after_hint(self, error: TrioforwardError) -> int | None:
         """Seconds a client should wait before retrying after the gateway-made 429/503

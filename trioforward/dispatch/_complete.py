@@ -83,6 +83,7 @@ def completion_of(response: ForwardResponse) -> Completion:
         )
         err.queue_time = response.queue_time
         err.engine_time = response.engine_time
+        err.request_id = response.request_id
         raise err
     completion = decode_completion(
         response.content, require_token_ids=True, weight_version=response.weight_version
@@ -91,4 +92,5 @@ def completion_of(response: ForwardResponse) -> Completion:
     completion.attempts = response.attempts
     completion.queue_time = response.queue_time
     completion.engine_time = response.engine_time
+    completion.request_id = response.request_id
     return completion

@@ -38,6 +38,7 @@ from trioforward.dispatch._continue import ContinueCounts
 from trioforward.dispatch._drain import Drain
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._hint import retry_after_hint
+from trioforward.dispatch._identity import IdMaker
 from trioforward.dispatch._outcome import Reply, gateway_error, retry_after
 from trioforward.dispatch._policy import (
     Action,
@@ -105,6 +106,7 @@ class Dispatcher:
         # Moving mean (s) of one dispatch's engine time: for Retry-After hints.
         self.engine_time_avg = 0.0
         self.drain = Drain(registry)  # ends QUEUED waits on shutdown (_drain.py)
+        self.ids = IdMaker()  # request ids and engine-side ids (_identity.py)
 
     def _hinted(self, error: TrioforwardError) -> TrioforwardError:
         """``error`` with its ``retry_after`` set (the gateway's own 429/503)."""
@@ -156,10 +158,11 @@ class Dispatcher:
         :class:`TrioforwardError` leaving it carries the request's facts
         (:meth:`Request.stamp`).
         """
+        if not req.request_id:
+            req.request_id = self.ids.request_id()
         if self.max_outstanding and self.outstanding >= self.max_outstanding:
-            raise self._hinted(
-                QueueFull(f"more than {self.max_outstanding} requests outstanding (max_outstanding)")
-            )
+            limit = f"more than {self.max_outstanding} requests outstanding (max_outstanding)"
+            raise self._hinted(req.stamp(QueueFull(limit)))
         self.outstanding += 1
         try:
             self.requests_total += 1
@@ -259,8 +262,13 @@ class Dispatcher:
         pool = self.pool
         url = engine.url + req.url_path
         model = req.model
+        ids = self.ids
         while True:
             req.attempts += 1
+            # A fresh engine-side id per attempt, as vLLM takes it (X-Request-Id;
+            # docs/server.md, "Request ids and rollout groups").
+            engine_id = req.engine_request_id = ids.engine_id(req.request_id)
+            req.engine_request_ids.append(engine_id)
             if req.on_dispatch is not None:
                 req.on_dispatch(engine.url, req.attempts, req.queue_time)
             # CONNECT from here: waiting for an adapter load is part of getting the
@@ -273,6 +281,7 @@ class Dispatcher:
             trace = req.trace
             # Traced: the engine's traceparent names this attempt's span (_tracing.py).
             sent = req.headers if trace is None else trace.attempt(engine, req.attempts, req.headers)
+            sent = [*sent, (b"x-request-id", engine_id.encode())]
             body: StreamResponse | None = None
             try:
                 if stream:

@@ -18,7 +18,7 @@ class ForwardStream:
     """A streamed engine answer (SSE for ``"stream": true``).
 
     ``status``/``headers`` (hop-by-hop removed) are the engine's; ``engine`` is
-    its URL; ``attempts`` and ``queue_time`` (s) as for ``ForwardResponse``.
+    its URL; ``attempts``, ``queue_time`` (s) and ``request_id`` as for ``ForwardResponse``.
     Retries happen only before the headers: once this object exists the answer
     is committed. A failure while reading raises :class:`UpstreamBroken` or
     :class:`DispatchTimeout` with phase ``READ_BODY`` (never retried; the
@@ -34,6 +34,7 @@ class ForwardStream:
         "queue_time",
         "retries",
         "weight_version",
+        "request_id",
         "_req",
         "_reply",
     )
@@ -46,6 +47,7 @@ class ForwardStream:
         self.queue_time = req.queue_time
         self.retries = tuple(req.retries) if req.retries else ()
         self.weight_version = req.weight_version  # at dispatch (docs/operations.md)
+        self.request_id = req.request_id  # docs/server.md, "Request ids and rollout groups"
         self._req = req
         self._reply = reply
 

@@ -3,6 +3,13 @@
 A :class:`Request` lives from ``client.post``/``client.stream`` to the answer;
 it is the limiter borrower, the handle ``pause(mode="abort")`` cancels through,
 and where attempts, phases and times accumulate for errors and statistics.
+
+Its identity is here too (docs/server.md, "Request ids and rollout groups"):
+``request_id`` (the caller's ``X-Request-Id`` or one the gateway made, set
+before dispatch and never changed), ``engine_request_id`` (the id the current
+attempt sent the engine, fresh per attempt, also in ``engine_request_ids``)
+and ``group`` (the rollout group, or ``None``). A hook that follows a request
+(tracing, logging) reads them from the ``Request`` it is handed.
 """
 
 from __future__ import annotations
@@ -22,7 +29,15 @@ if TYPE_CHECKING:
     from trioforward.dispatch._prefix import PrefixKey
     from trioforward.dispatch._tracing import RequestTrace
 
-__all__ = ["Request", "OnDispatch", "HeaderInput", "prepare_headers", "strip_response_headers", "HOP_BY_HOP"]
+__all__ = [
+    "Request",
+    "OnDispatch",
+    "HeaderInput",
+    "HeaderIdentity",
+    "prepare_headers",
+    "strip_response_headers",
+    "HOP_BY_HOP",
+]
 
 # RFC 9110 §7.6.1 connection-specific fields, plus Host and Content-Length which the
 # pool computes for the upstream hop (and the server for the downstream one).
@@ -63,17 +78,35 @@ def _b(value: str | bytes) -> bytes:
     return value if isinstance(value, bytes) else value.encode("latin-1")
 
 
-def prepare_headers(headers: HeaderInput, *, json_body: bool) -> tuple[Headers, str | None]:
-    """Headers to send upstream (hop-by-hop removed) and the ``X-Session-ID`` value.
+class HeaderIdentity:
+    """What :func:`prepare_headers` read from the caller's headers (text, or ``None``)."""
 
-    With no caller headers the shared ``[(content-type, application/json)]`` list
-    is returned (never mutated): no allocation on the common path.
+    __slots__ = ("session", "request_id", "group")
+
+    def __init__(self) -> None:
+        self.session: str | None = None
+        self.request_id: str | None = None
+        self.group: str | None = None
+
+
+_NO_IDENTITY = HeaderIdentity()  # read-only: what no headers say
+
+
+def prepare_headers(headers: HeaderInput, *, json_body: bool) -> tuple[Headers, HeaderIdentity]:
+    """Headers to send upstream (hop-by-hop removed) and what they say of the
+    request: ``X-Session-ID``, ``X-Request-Id`` and ``X-Rollout-Group`` values.
+
+    ``X-Request-Id`` and ``X-Rollout-Group`` are not forwarded as they are: each
+    attempt sends its own engine-side id (``Dispatcher``), and the group is the
+    gateway's. With no caller headers the shared ``[(content-type,
+    application/json)]`` list is returned (never mutated): no allocation on the
+    common path.
     """
     if not headers:
-        return (_JSON_ONLY if json_body else _NO_HEADERS), None
+        return (_JSON_ONLY if json_body else _NO_HEADERS), _NO_IDENTITY
     pairs = headers.items() if isinstance(headers, Mapping) else headers
     out: Headers = []
-    session: str | None = None
+    said = HeaderIdentity()
     has_type = False
     for name, value in pairs:
         lname = _b(name).lower()
@@ -81,13 +114,19 @@ def prepare_headers(headers: HeaderInput, *, json_body: bool) -> tuple[Headers, 
             continue
         bvalue = _b(value)
         if lname == b"x-session-id":
-            session = bvalue.decode("latin-1")
+            said.session = bvalue.decode("latin-1")
+        elif lname == b"x-request-id":
+            said.request_id = bvalue.decode("latin-1")
+            continue
+        elif lname == b"x-rollout-group":
+            said.group = bvalue.decode("latin-1")
+            continue
         elif lname == b"content-type":
             has_type = True
         out.append((lname, bvalue))
     if json_body and not has_type:
         out.append(_JSON_ONLY[0])
-    return out, session
+    return out, said
 
 
 def strip_response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -130,6 +169,10 @@ class Request:
         "weight_version",
         "trace",
         "asked_ids",
+        "request_id",
+        "group",
+        "engine_request_id",
+        "engine_request_ids",
     )
 
     def __init__(
@@ -141,6 +184,8 @@ class Request:
         model: str | None,
         is_adapter: bool,
         session: int | None,
+        request_id: str = "",
+        group: str | None = None,
     ) -> None:
         self.method = method
         self.url_path = url_path
@@ -180,6 +225,11 @@ class Request:
         # The gateway added return_token_ids to the body (dispatch/_continue.py):
         # the answer's token-id lists are the gateway's, not the caller's.
         self.asked_ids = False
+        # Identity (docs/server.md, "Request ids and rollout groups").
+        self.request_id = request_id
+        self.group = group
+        self.engine_request_id: str | None = None  # the current attempt's
+        self.engine_request_ids: list[str] = []  # every attempt's, in order
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""
@@ -218,8 +268,9 @@ class Request:
 
     def stamp(self, err: E) -> E:
         """Fill in what ``err`` reports about this request: ``.attempts``,
-        ``.engine``, ``.queue_time`` and ``.engine_time`` (s). The one place
-        these fields are set; returns ``err``."""
+        ``.engine``, ``.queue_time``, ``.engine_time`` (s) and ``.request_id``.
+        The one place these fields are set; returns ``err``."""
+        err.request_id = self.request_id
         err.attempts = self.attempts
         err.engine = self.engine_url
         err.queue_time = self.queue_time

@@ -23,7 +23,9 @@ class ForwardResponse:
     acquired) to the complete answer, summed over engines; ``retries``: the
     ``(phase, reason)`` of each retry, in order; ``weight_version``: the weight
     version that produced it (``"a, b"`` when a keep pause spanned an update;
-    ``None`` before any version was recorded; docs/operations.md).
+    ``None`` before any version was recorded; docs/operations.md);
+    ``request_id``: the request's id, the caller's or the gateway's
+    (docs/server.md, "Request ids and rollout groups").
     """
 
     status: int
@@ -35,6 +37,7 @@ class ForwardResponse:
     engine_time: float
     retries: tuple[tuple[str, str], ...] = ()
     weight_version: str | None = None
+    request_id: str = ""
 
     def json(self) -> Any:
         """The body parsed with orjson (raises ``orjson.JSONDecodeError``)."""

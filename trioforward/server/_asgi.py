@@ -12,7 +12,11 @@ in this order:
 2. not serving (before startup finished, after shutdown began): 503 ``not_ready``;
 3. the API key from the scope's headers (``_auth.check_auth``): 401;
 4. the method: 405 with ``Allow`` (RFC 9110 §15.5.6);
-5. the body, up to ``max_body_size`` (413; a client that hangs up while it
+5. the request id: the caller's ``X-Request-Id`` (400 naming the header if it
+   is not printable ASCII of 1..128 characters) or a fresh one; every answer
+   of a front route carries it back in ``X-Request-Id`` and the access log
+   writes it (docs/server.md, "Request ids and rollout groups");
+   the body, up to ``max_body_size`` (413; a client that hangs up while it
    arrives gets nothing), parsed as a JSON object (400);
 6. the route's own translation (``Route.start``): a :class:`RequestError`
    becomes its JSON answer; otherwise it returns the work to run;
@@ -43,7 +47,7 @@ from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
 from trioforward.server._h11front import ambiguous_framing, refuse_ambiguous
 from trioforward.server._state import STATE_KEY, GatewayState
-from trioforward.server._validate import parse_body
+from trioforward.server._validate import parse_body, request_identity
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
@@ -79,7 +83,8 @@ class Call:
     """One request on a front route, as the route's ``start`` sees it.
 
     ``headers``: the request headers, lower-case bytes names (the last value of
-    a repeated one); ``data``: the body as a JSON object; ``body``: its bytes.
+    a repeated one); ``data``: the body as a JSON object; ``body``: its bytes;
+    the request id and rollout group are ``log.request_id`` and ``log.group``.
     """
 
     __slots__ = ("state", "path", "headers", "data", "body", "send", "log")
@@ -184,6 +189,7 @@ class Front:
                 check_auth(state.settings, path, lambda n: _text(headers.get(n.encode())))
                 if scope["method"] != "POST":
                     raise RequestError(405, f"{path} accepts POST only", code="method_not_allowed")
+                log.request_id, log.group = request_identity(headers, state.client)
                 body = await _read_body(receive, headers, state.settings.max_body_size)
                 data = parse_body(body, allow_empty=route.empty_body)
                 if log.span is not None:
@@ -194,6 +200,8 @@ class Front:
                 if not route.access_log and state.metrics is not None:
                     state.metrics.rejection(path, err.status, err.code)
                 extra = ((b"allow", b"POST"),) if err.status == 405 else err.headers()
+                if log.request_id is not None:
+                    extra = (*extra, (b"x-request-id", log.request_id.encode()))
                 await respond(send, err.status, err.body(), extra=extra)
                 return
             except _Disconnected:
@@ -335,6 +343,8 @@ class Outcome:
         "complete",
         "version",
         "span",
+        "request_id",
+        "group",
     )
 
     def __init__(self, route: str, method: str = "POST") -> None:
@@ -350,6 +360,8 @@ class Outcome:
         self.complete = False  # the last body message is being sent
         self.version: str | None = None  # X-Weight-Version of the answer
         self.span: Any = None  # its server span when the gateway traces (_tracing.py)
+        self.request_id: str | None = None  # X-Request-Id of the answer
+        self.group: str | None = None  # X-Rollout-Group of the request
 
     def dispatching(self, engine: str, attempts: int, queue_time: float) -> None:
         """An attempt starts (``Client.post``'s ``on_dispatch``)."""
@@ -393,14 +405,16 @@ class Outcome:
             )
         if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(
-                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s%s",
+                "%s %s %d id=%s engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s%s%s",
                 self.method,
                 self.route,
                 self.status,
+                self.request_id or "-",
                 self.engine or "-",
                 self.attempts,
                 self.queue_time,
                 self.engine_time or 0.0,
                 f" error={self.error}" if self.error else "",
                 f" version={self.version.replace(' ', '')}" if self.version else "",
+                f" group={self.group}" if self.group else "",
             )

@@ -28,11 +28,12 @@ __all__ = [
 # (docs/server.md, "Headers passed on"): end-to-end fields a client acts on.
 # Retry-After: when to retry a 429/503/3xx (RFC 9110 §10.2.3; the openai SDK's
 # backoff reads it). Content-Encoding: the body is passed on as is, so its
-# coding must be too (§8.4). X-Request-Id: the engine's id for the request
-# (vLLM's --enable-request-id-headers), for correlating logs. Never hop-by-hop
-# fields (§7.6.1), never Set-Cookie or authentication challenges: the engine's
-# client is the gateway, not the trainer. Content-Type goes separately.
-PASSED_ON = frozenset((b"retry-after", b"content-encoding", b"x-request-id"))
+# coding must be too (§8.4). Never hop-by-hop fields (§7.6.1), never Set-Cookie
+# or authentication challenges: the engine's client is the gateway, not the
+# trainer. Content-Type goes separately. Not the engine's X-Request-Id (vLLM's
+# --enable-request-id-headers echoes the engine-side id): the answer carries the
+# request's own id (docs/server.md, "Request ids and rollout groups").
+PASSED_ON = frozenset((b"retry-after", b"content-encoding"))
 _NONE: tuple[tuple[bytes, bytes], ...] = ()
 
 JSON_CONTENT_TYPE = "application/json"

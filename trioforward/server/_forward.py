@@ -38,8 +38,9 @@ _VALIDATE = {
     "/v1/chat/completions": validate_chat,
 }
 # Request headers worth passing to the engine; everything else (the client's API
-# key above all) stays at the gateway.
-_FORWARDED = frozenset({b"x-request-id", b"x-session-id", b"traceparent", b"tracestate"})
+# key above all) stays at the gateway. X-Request-Id goes too, but as each
+# attempt's engine-side id (docs/server.md, "Request ids and rollout groups").
+_FORWARDED = frozenset({b"x-session-id", b"traceparent", b"tracestate"})
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 # The weight version that produced an answer (docs/operations.md, "Weight versions").
 _VERSION = b"x-weight-version"
@@ -56,6 +57,8 @@ def _start(call: Call) -> Awaitable[None]:
         "session": call.header(b"x-session-id"),
         "on_dispatch": log.dispatching,
         "span": log.span,  # None unless the gateway traces
+        "request_id": log.request_id,
+        "group": log.group,
     }
     if call.data.get("stream"):
         return _relay_stream(call.state, call.path, forward, call.send, log)
@@ -83,7 +86,8 @@ async def _forward(
     log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
     log.status = response.status
     log.complete = True
-    extra = (*passed_on(response.headers), server_timing(log.arrival, response.queue_time, response.engine_time))
+    timing = server_timing(log.arrival, response.queue_time, response.engine_time)
+    extra = (*passed_on(response.headers), timing, _id_header(log))
     version = log.version = response.weight_version
     if version is not None:
         extra = (*extra, (_VERSION, version.encode()))
@@ -114,11 +118,13 @@ async def _relay_stream(
                 # The engine refused before streaming: its error body goes back verbatim.
                 content = b"".join([chunk async for chunk in fs.aiter_bytes()])
                 log.complete = True
-                extra = (*passed_on(fs.headers), server_timing(log.arrival, fs.queue_time, fs.engine_time))
+                timing = server_timing(log.arrival, fs.queue_time, fs.engine_time)
+                extra = (*passed_on(fs.headers), timing, _id_header(log))
                 await respond(send, fs.status, content, _content_type(fs.headers), extra)
                 return
             # Server-Timing of a stream: what is known at its head (module _timing).
-            extra = (*passed_on(fs.headers), server_timing(log.arrival, fs.queue_time, fs.engine_time))
+            timing = server_timing(log.arrival, fs.queue_time, fs.engine_time)
+            extra = (*passed_on(fs.headers), timing, _id_header(log))
             version = log.version = fs.weight_version  # at dispatch: docs/operations.md
             if version is not None:
                 extra = (*extra, (_VERSION, version.encode()))
@@ -170,11 +176,16 @@ async def _send_dispatch_error(send: Send, err: TrioforwardError, log: Outcome) 
     log.complete = True
     timing = server_timing(log.arrival, err.queue_time, err.engine_time or 0.0)
     if isinstance(err, EngineRejected):
-        extra = (*passed_on(err.headers), timing)
+        extra = (*passed_on(err.headers), timing, _id_header(log))
         await respond(send, err.status, err.body, _content_type(err.headers), extra)
     else:
-        extra = (*dispatch_error_headers(err), timing)
+        extra = (*dispatch_error_headers(err), timing, _id_header(log))
         await respond(send, err.status, dispatch_error_body(err), extra=extra)
+
+
+def _id_header(log: Outcome) -> tuple[bytes, bytes]:
+    """The answer's ``X-Request-Id``: the request's own id (the front set it)."""
+    return (b"x-request-id", (log.request_id or "").encode())
 
 
 def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes:

@@ -15,9 +15,33 @@ from typing import Any
 
 import orjson
 
+from trioforward.dispatch import bad_id_reason
 from trioforward.server._errors import bad_request
 
-__all__ = ["parse_body", "validate_completion", "validate_chat"]
+__all__ = ["parse_body", "validate_completion", "validate_chat", "request_identity"]
+
+
+def request_identity(headers: dict[bytes, bytes], client: Any) -> tuple[str, str | None]:
+    """``(request id, rollout group)`` of a request (docs/server.md, "Request ids
+    and rollout groups"): the ``X-Request-Id`` header, else a fresh id of
+    ``client``; the ``X-Rollout-Group`` header or ``None``. Raises
+    :class:`RequestError` (400 naming the header) for a value that is not
+    printable ASCII without spaces of 1..128 characters."""
+    raw = headers.get(b"x-request-id")
+    if raw is None:
+        request_id = client.new_request_id()
+    else:
+        request_id = _header_id(raw, "X-Request-Id")
+    raw = headers.get(b"x-rollout-group")
+    return request_id, None if raw is None else _header_id(raw, "X-Rollout-Group")
+
+
+def _header_id(raw: bytes, header: str) -> str:
+    value = raw.decode("latin-1")
+    reason = bad_id_reason(value)
+    if reason is not None:
+        raise bad_request(f"header {header} {reason}", header)
+    return value
 
 
 def parse_body(body: bytes | str, *, allow_empty: bool = False) -> dict[str, Any]:

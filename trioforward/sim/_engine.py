@@ -246,7 +246,9 @@ class SimEngine(TimingModel):
         if path in self.generation_paths:
             if method != b"POST":
                 return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')
-            return await self._generation(ex, path == "/v1/chat/completions", body)
+            return await self._generation(
+                ex, path == "/v1/chat/completions", body, _request_id(request)
+            )
         if self.kind == "sglang":
             if path in INFO_PATHS and method == b"GET":
                 return await ex.respond(*await serve_info(self, path))
@@ -314,7 +316,9 @@ class SimEngine(TimingModel):
                 return await ex.respond(400, _JSON, msg)
         await ex.respond(200, _JSON, orjson.dumps(self.faults.snapshot()))
 
-    async def _generation(self, ex: Exchange, chat: bool, body: bytes) -> None:
+    async def _generation(
+        self, ex: Exchange, chat: bool, body: bytes, request_id: str | None
+    ) -> None:
         stats = self.stats
         try:
             gen = parse_generation(chat, body, self.adapters.base[0], self.max_model_len)
@@ -325,7 +329,15 @@ class SimEngine(TimingModel):
             stats.by_seed[gen.seed] += 1
         if not self.adapters.serves(gen.model) and not self.adapters.resolve_now(gen.model):
             return await ex.respond(*self.adapters.unknown(gen.model, self._nursery.start_soon))
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.port}-{next(self._ids)}"
+        # vLLM takes X-Request-Id as its request id ("cmpl-<id>", "chatcmpl-<id>"),
+        # and its abort route names a completion prompt "<id>-<index>" (one prompt
+        # here: "-0"; vllm/entrypoints/openai/completion/serving.py).
+        if request_id is not None:
+            stats.request_ids.append(request_id)
+            stats.changed()
+        base = request_id if request_id is not None else f"{self.port}-{next(self._ids)}"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
+        run_id = rid if chat else f"{rid}-0"
         created = int(time.time())
         if self.instant:
             stats.running += 1
@@ -346,7 +358,7 @@ class SimEngine(TimingModel):
             self.rl.completed(self.rl.weight_version)
         else:
             await self.rl.generation(
-                rid,
+                run_id,
                 lambda run: self._timed_generation(ex, gen, rid, created, run),
                 lambda run: answer_aborted(ex, gen, rid, created, run, self.decode_ms_per_token),
             )
@@ -401,3 +413,12 @@ class SimEngine(TimingModel):
             stats.running -= 1
             stats.changed()
             self._limiter.release()
+
+
+def _request_id(request: h11.Request) -> str | None:
+    """The request's ``X-Request-Id`` header (the last one), or ``None``."""
+    found = None
+    for name, value in request.headers:
+        if name == b"x-request-id":
+            found = value.decode("latin-1")
+    return found

@@ -100,7 +100,10 @@ class RLControl:
         self.paused = False
         self.mode: str | None = None
         self.weight_version: str | None = None
-        self.runs: dict[str, Run] = {}
+        # Every generation in the engine, by a serial of its own (two requests may
+        # carry one X-Request-Id: vLLM aborts both by it).
+        self.runs: dict[int, Run] = {}
+        self._serial = 0
         self._wake_decoders = wake_decoders
         self._resumed = trio.Event()
         self._unanswered = 0  # aborted generations whose abort answer is not written yet
@@ -133,12 +136,14 @@ class RLControl:
         """Run ``work`` (a timed generation) once not paused; if an abort ends it,
         answer with ``aborted`` (outside the cancelled scope)."""
         await self.hold()
-        run = self.runs[rid] = Run(rid, self.weight_version)
+        self._serial += 1
+        serial = self._serial
+        run = self.runs[serial] = Run(rid, self.weight_version)
         try:
             with run.scope:
                 await work(run)
         finally:
-            del self.runs[rid]
+            del self.runs[serial]
         if run.aborted:
             try:
                 await aborted(run)
@@ -156,11 +161,8 @@ class RLControl:
 
     def abort(self, rids: list[str] | None = None) -> int:
         """End the named generations (all if ``None``) with ``finish_reason: "abort"``."""
-        runs = (
-            list(self.runs.values())
-            if rids is None
-            else [r for i in rids if (r := self.runs.get(i))]
-        )
+        wanted = None if rids is None else set(rids)
+        runs = [r for r in self.runs.values() if wanted is None or r.rid in wanted]
         for run in runs:
             if not run.aborted:
                 run.aborted = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +51,8 @@ class EngineStats:
       delivered.
     - ``traceparents``: the W3C ``traceparent`` of each generation request that
       carried one, in arrival order (the last :data:`TRACEPARENTS_KEPT`);
+    - ``request_ids``: the ``X-Request-Id`` of generation requests, in arrival
+      order (the last 4096): what vLLM takes as its request id.
     - ``rejected``: answers injected by the ``reject`` fault;
       ``faults``: ``Counter[fault name]`` of every fault applied.
 
@@ -89,6 +91,7 @@ class EngineStats:
         self.rejected = 0
         self.traceparents: list[str] = []
         self.faults: Counter[str] = Counter()
+        self.request_ids: deque[str] = deque(maxlen=4096)
         self._waiters = 0
         self._changed = trio.Event()
 
@@ -133,6 +136,8 @@ class EngineStats:
                 continue
             if isinstance(value, Counter):
                 value = {str(k): v for k, v in value.items()}
+            elif isinstance(value, deque):
+                value = list(value)
             elif isinstance(value, float) and math.isinf(value):
                 value = None
             out[key] = value

@@ -25,7 +25,12 @@ from trioforward.server._asgi import Call, Route, respond
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server.tinker import _fleet
 from trioforward.server.tinker._futures import PENDING, Future, FutureGone, FutureUnknown, StoreFull
-from trioforward.server.tinker._requests import make_sampling_session, parse_sample
+from trioforward.server.tinker._requests import (
+    id_header,
+    identify,
+    make_sampling_session,
+    parse_sample,
+)
 from trioforward.server.tinker._state import TinkerState, state_of
 from trioforward.server.tinker._wire import TRY_AGAIN
 
@@ -76,10 +81,12 @@ def _asample(call: Call) -> Awaitable[None]:
                 429, f"gateway queue is full: {err}", code="queue_full", retry_after=hint
             ) from None
         if created:
+            identify(job, future.request_id, call)
             state.runner.submit(future, job)
     answer = {"request_id": future.request_id, "sample_sequence_ids": future.sample_sequence_ids}
     call.log.complete = True
-    return respond(call.send, 200, orjson.dumps(answer))
+    return respond(call.send, 200, orjson.dumps(answer), extra=id_header(future.request_id, call))
+
 
 
 def _retrieve(call: Call) -> Awaitable[None]:

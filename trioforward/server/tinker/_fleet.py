@@ -15,7 +15,7 @@ import orjson
 from trioforward.server._asgi import Call, respond
 from trioforward.server._errors import RequestError, error_body
 from trioforward.server.tinker._futures import StoreFull
-from trioforward.server.tinker._requests import SampleJob
+from trioforward.server.tinker._requests import SampleJob, id_header, identify
 from trioforward.server.tinker._state import TinkerState
 from trioforward.server.tinker._wire import TRY_AGAIN
 
@@ -32,11 +32,15 @@ def _issued(request_id: str, num_samples: int) -> bytes:
 
 
 async def _answer(
-    call: Call, status: int, body: bytes, content_type: bytes = b"application/json"
+    call: Call,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
     call.log.status = status
     call.log.complete = True
-    await respond(call.send, status, body, content_type)
+    await respond(call.send, status, body, content_type, extra)
 
 
 async def _refuse(call: Call, err: RequestError) -> None:
@@ -76,7 +80,7 @@ async def submit(state: TinkerState, key: Any, job: SampleJob, call: Call) -> No
             return
         if claimed is not None and not (store.is_own(claimed) and not store.holds(claimed)):
             # A resubmit: issued by another member, or here and still held.
-            await _answer(call, 200, _issued(claimed, job.num_samples))
+            await _answer(call, 200, _issued(claimed, job.num_samples), extra=id_header(claimed, call))
             return
         if claimed is not None:
             # This member's own claim that it does not hold: a claim Redis ran
@@ -90,8 +94,10 @@ async def submit(state: TinkerState, key: Any, job: SampleJob, call: Call) -> No
         await _refuse(call, RequestError(429, f"gateway queue is full: {err}", code="queue_full"))
         return
     if created:
+        identify(job, future.request_id, call)
         state.runner.submit(future, job)
-    await _answer(call, 200, _issued(future.request_id, future.num_samples))
+    issued = _issued(future.request_id, future.num_samples)
+    await _answer(call, 200, issued, extra=id_header(future.request_id, call))
 
 
 async def retrieve(state: TinkerState, request_id: str, call: Call) -> None:

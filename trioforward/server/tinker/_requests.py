@@ -16,11 +16,14 @@ import base64
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from trioforward.server._errors import RequestError
+
+if TYPE_CHECKING:
+    from trioforward.server._asgi import Call
 
 __all__ = [
     "BadRequest",
@@ -60,6 +63,10 @@ class SampleJob:
     session: str  # X-Session-ID "<sampling_session_id>:<seq_id>"
     num_samples: int
     prompt_logprobs_last_n: int | None  # NaN out prompt logprobs before the last n
+    # Identity (docs/tinker.md, "Request ids and rollout groups"): the caller's
+    # X-Request-Id, else the future's id; the X-Rollout-Group header.
+    request_id: str | None = None
+    group: str | None = None
 
 
 _TINKER = "tinker://"
@@ -261,3 +268,17 @@ def parse_sample(request: dict[str, Any], sampling_session: SamplingSession) -> 
             raise BadRequest("prompt_logprobs_last_n must be between 1 and len(prompt) - 1")
     session = f"{sampling_session.sampler_id}:{request.get('seq_id')}"
     return SampleJob(sampling_session.model, orjson.dumps(body), session, num_samples, last_n)
+
+
+def identify(job: SampleJob, future_id: str, call: Call) -> None:
+    """Give a new sample its request id and rollout group (docs/tinker.md, "Request
+    ids and rollout groups"): the caller's ``X-Request-Id``, else the future's id,
+    so an abort by ``request_ids`` takes the ids the SDK's futures carry."""
+    job.request_id = call.log.request_id if b"x-request-id" in call.headers else future_id
+    job.group = call.log.group
+
+
+def id_header(future_id: str, call: Call) -> tuple[tuple[bytes, bytes], ...]:
+    """The ``X-Request-Id`` of an ``asample`` answer: the sample's request id."""
+    request_id = call.log.request_id if b"x-request-id" in call.headers else future_id
+    return ((b"x-request-id", (request_id or future_id).encode()),)

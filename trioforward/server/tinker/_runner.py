@@ -109,6 +109,8 @@ async def run_sample(
             json={"model": job.model},
             headers=[("X-Session-ID", job.session), _HEADERS_CT],
             session_implied=True,  # routing = "prefix" routes a sample by its prompt
+            request_id=job.request_id,
+            group=job.group,
         )
     except TrioforwardError as err:
         if metrics is not None:
