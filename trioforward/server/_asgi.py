@@ -405,15 +405,15 @@ class Outcome:
             )
         if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(
-                "%s %s %d id=%s engine=%s attempts=%d queue=%.3fs engine_time=%.3fs%s%s%s",
+                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs id=%s%s%s%s",
                 self.method,
                 self.route,
                 self.status,
-                self.request_id or "-",
                 self.engine or "-",
                 self.attempts,
                 self.queue_time,
                 self.engine_time or 0.0,
+                self.request_id or "-",
                 f" error={self.error}" if self.error else "",
                 f" version={self.version.replace(' ', '')}" if self.version else "",
                 f" group={self.group}" if self.group else "",
