@@ -26,7 +26,7 @@ async def test_caller_id_is_echoed_logged_and_reaches_the_engine_as_an_engine_si
     assert seen.startswith("rollout-7.") and seen != "rollout-7"
     assert response.json()["id"] == f"cmpl-{seen}"  # vLLM's id for it, from the header
     lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]
-    assert any(" id=rollout-7 " in line for line in lines), lines
+    assert any(line.endswith(" id=rollout-7") for line in lines), lines
 
 
 async def test_a_request_without_an_id_gets_one_from_the_gateway(
