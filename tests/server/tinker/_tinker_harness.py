@@ -84,9 +84,14 @@ class ScriptedClient:
         self.status = 200
         self.finished = 0
         self.weight_version: str | None = None
+        self.ids_made = 0
 
     def retry_after_hint(self, error: Any) -> int:
         return 1
+
+    def new_request_id(self) -> str:
+        self.ids_made += 1
+        return f"scripted-{self.ids_made}"
 
     async def engine_models(self) -> list[dict[str, Any]]:
         return []
@@ -100,6 +105,8 @@ class ScriptedClient:
         headers: Any = None,
         session: Any = None,
         session_implied: bool = False,
+        request_id: str | None = None,
+        group: str | None = None,
     ) -> _Response:
         from trioforward.sim._generate import sample
 
