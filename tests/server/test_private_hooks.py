@@ -1,5 +1,5 @@
 """Guards of the server's private hooks into Hypercorn 0.18 (``server/_tcpserver.py``,
-``server/_appchannel.py``, ``server/_h11front.py``).
+``server/_appchannel.py``, ``server/_h11front.py``, ``server/_leanstream.py``).
 
 Each hook re-implements or calls Hypercorn code that is not its public API. These
 tests fail loudly when the installed Hypercorn differs from the one the hooks
@@ -12,25 +12,33 @@ The behaviour each hook buys is asserted by tests/server/test_worker_writes.py
 (one write per fixed-length response, no scheduler pass per write once the
 request is read), tests/server/test_keepalive.py (keep-alive as a read deadline)
 tests/server/test_appchannel.py (the disconnect hook), tests/server/test_front_framing.py
-(the refused framings) and tests/server/test_must_close.py (the shielded close).
+(the refused framings), tests/server/test_must_close.py (the shielded close) and
+tests/server/test_worker_vs_hypercorn.py (the lean stream: the same scope, messages and
+bytes as stock Hypercorn).
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 from importlib import metadata
 from typing import Any
 
 import h11
+import hypercorn.config as hypercorn_config
+import hypercorn.protocol.h11 as h11_protocol
+import hypercorn.protocol.http_stream as http_stream
 import hypercorn.trio.task_group as task_group
 import hypercorn.trio.tcp_server as tcp_server
+import hypercorn.utils as hypercorn_utils
 import pytest
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import HTTPStream
 
-from trioforward.server import _appchannel, _h11front, _tcpserver
+from trioforward import _h11
+from trioforward.server import _appchannel, _h11front, _leanstream, _tcpserver
 
 # sha256 (first 16 hex digits) of the source of each Hypercorn function the hooks
 # copy, override, call or depend on, as of Hypercorn 0.18.0.
@@ -57,6 +65,21 @@ FINGERPRINTS = {
     "TaskGroup.__aenter__": (task_group.TaskGroup.__aenter__, "38047eb0284cdaa6"),
     "TaskGroup.spawn_app": (task_group.TaskGroup.spawn_app, "b4c1131427529801"),
     "task_group._handle": (task_group._handle, "06081a56a9930825"),
+    # _leanstream.py too (_handle_events, _create_stream and _send_h11_event above):
+    # what it keeps (parsing, recycling) and what it re-implements.
+    "H11Protocol.handle": (h11_protocol.H11Protocol.handle, "3b56e067447488df"),
+    "H11Protocol.stream_send": (h11_protocol.H11Protocol.stream_send, "56a36254a368d71a"),
+    "H11Protocol._check_protocol": (h11_protocol.H11Protocol._check_protocol, "f95f6b38f43c62aa"),
+    "H11Protocol._maybe_recycle": (h11_protocol.H11Protocol._maybe_recycle, "3ac53f52bc4e65de"),
+    "H11Protocol._close_stream": (h11_protocol.H11Protocol._close_stream, "378930655d7bb41a"),
+    "HTTPStream.__init__": (http_stream.HTTPStream.__init__, "c51a65fea53dbfeb"),
+    "HTTPStream.handle": (http_stream.HTTPStream.handle, "6ed2e34c5e708c6a"),
+    "HTTPStream._send_closed": (http_stream.HTTPStream._send_closed, "9aaf2e1ac611e51c"),
+    "HTTPStream._send_error_response": (http_stream.HTTPStream._send_error_response, "57f849b2813e5779"),
+    "utils.build_and_validate_headers": (hypercorn_utils.build_and_validate_headers, "0d636273d7dc86a3"),
+    "utils.suppress_body": (hypercorn_utils.suppress_body, "21eb6cd69f3c0cd7"),
+    "utils.valid_server_name": (hypercorn_utils.valid_server_name, "b710f1b8668c9870"),
+    "Config.response_headers": (hypercorn_config.Config.response_headers, "5a637c3d48180e55"),
 }
 
 
@@ -76,7 +99,7 @@ def test_hypercorn_code_the_hooks_rely_on_is_unchanged(name: str) -> None:
     obj, expected = FINGERPRINTS[name]
     assert _fingerprint(obj) == expected, (
         f"Hypercorn's {name} changed: check trioforward/server/_tcpserver.py, "
-        f"_appchannel.py and _h11front.py against it, then update FINGERPRINTS"
+        f"_appchannel.py, _h11front.py and _leanstream.py against it, then update FINGERPRINTS"
     )
 
 
@@ -124,3 +147,28 @@ def test_task_group_hooks() -> None:
     params = list(inspect.signature(task_group.TaskGroup.spawn_app).parameters)
     assert params == ["self", "app", "config", "scope", "send"]
     assert issubclass(_appchannel.AppTaskGroup, task_group.TaskGroup)
+
+
+def test_lean_stream_hooks() -> None:
+    # The attributes LeanStream reads on its protocol, set by H11Protocol.__init__.
+    source = inspect.getsource(H11Protocol.__init__)
+    for name in (
+        "app", "config", "context", "task_group", "connection", "connection_state",
+        "client", "server", "ssl", "send", "stream", "keep_alive_requests",
+    ):
+        assert re.search(rf"self\.{name}\b[^=\n]*=", source), f"H11Protocol no longer sets {name}"
+    assert issubclass(_leanstream.LeanH11Protocol, H11Protocol)
+    assert callable(_appchannel.AppTaskGroup.spawn_app_direct)
+    # The stream events it takes from _handle_events / _close_stream, by type.
+    events = inspect.getsource(H11Protocol._handle_events)
+    assert "self.stream.handle(Body(" in events and "self.stream.handle(EndBody(" in events
+    assert "self._check_protocol(event)" in events and "self._create_stream(event)" in events
+    assert "StreamClosed(" in inspect.getsource(H11Protocol._close_stream)
+    # The states it shares with HTTPStream.
+    assert {s.name for s in http_stream.ASGIHTTPState} == {"REQUEST", "RESPONSE", "TRAILERS", "CLOSED"}
+
+
+def test_the_lean_stream_uses_the_h11_hypercorn_uses() -> None:
+    assert _leanstream.h11 is h11_protocol.h11 is _tcpserver.h11 is _h11.front_h11()
+    headers = h11.Request(method="GET", target="/", headers=[("Host", "t")]).headers
+    assert all(len(item) == 3 for item in headers._full_items)  # type: ignore[attr-defined]

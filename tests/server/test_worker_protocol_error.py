@@ -24,6 +24,7 @@ from hypercorn.protocol.http_stream import HTTPStream
 
 from trioforward._settings import Settings
 from trioforward.server._asgi import respond, send_start
+from trioforward.server._leanstream import LeanStream
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -51,10 +52,11 @@ async def test_a_protocol_error_closes_its_connection_and_the_worker_serves_on(
 ) -> None:
     # The last step of the failure above, made to happen: the app fails before
     # its response, and Hypercorn's 500 is refused as h11 refuses it in ERROR.
-    async def refused(self: HTTPStream, status_code: int) -> None:
+    async def refused(self: object, status_code: int) -> None:
         raise h11.LocalProtocolError("Can't send data when our state is ERROR")
 
     monkeypatch.setattr(HTTPStream, "_send_error_response", refused)
+    monkeypatch.setattr(LeanStream, "_send_error_response", refused)  # the worker's stream
     caplog.set_level(logging.ERROR)
     async with serve_asgi(_app, Settings()) as (port, _):
         assert await _get(port, "/fails") == b""  # closed without an answer

@@ -298,3 +298,92 @@ async def test_a_websocket_upgrade_is_served() -> None:
     async with _serve(handle, "our-worker") as port:
         answer = await _exchange(port, request)
     assert answer.startswith(b"HTTP/1.1 101") and kinds == ["websocket"]
+
+
+async def _two_starts(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+
+
+async def _trailers(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [], "trailers": True})
+    await send({"type": "http.response.body", "body": b"abc", "more_body": False})
+
+
+async def _pseudo_header(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await receive()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b":status", b"200")]})
+
+
+async def _mixed_case_padded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await receive()
+    headers = [(b" Content-Length ", b" 2 "), (b"X-Tag", b"\tv\t"), (b"x-tag", b"w")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+
+@pytest.mark.parametrize(
+    "handle",
+    [_two_starts, _trailers, _pseudo_header, _mixed_case_padded],
+    ids=["two-heads", "trailers-on-http-1", "pseudo-header", "mixed-case-padded-headers"],
+)
+async def test_odd_app_messages_give_the_same_bytes(handle: App) -> None:
+    ours, stock = await _both(handle, GET)
+    assert ours == stock
+    assert ours.startswith(b"HTTP/1.1 ")
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        # Two requests in one write, then the connection closes.
+        b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nGET /b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        # An h2c upgrade with a body: Hypercorn ignores the upgrade and answers in HTTP/1.1.
+        b"POST / HTTP/1.1\r\nHost: t\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    ],
+    ids=["pipelined", "h2c-upgrade-with-body"],
+)
+async def test_requests_through_hypercorns_parsing_give_the_same_bytes(request_bytes: bytes) -> None:
+    ours, stock = await _both(_fixed(b"ok"), request_bytes)
+    assert ours == stock
+    assert ours.startswith(b"HTTP/1.1 ")
+
+
+async def test_plain_requests_take_the_lean_stream_and_upgrades_hypercorns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The bytes above are the same either way; this is which path served them.
+    from hypercorn.protocol.http_stream import HTTPStream
+    from hypercorn.protocol.ws_stream import WSStream
+
+    from trioforward.server._leanstream import LeanStream
+
+    served: list[str] = []
+    for cls in (LeanStream, HTTPStream, WSStream):
+        original = cls.__init__
+
+        def counted(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> None:
+            served.append(type(self).__name__)
+            _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__init__", counted)
+
+    async def handle(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await receive()
+            await send({"type": "websocket.close", "code": 1000})
+            return
+        await _fixed(b"ok")(scope, receive, send)
+
+    ws = (
+        b"GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    async with _serve(handle, "our-worker") as port:
+        await _exchange(port, GET)
+        await _exchange(port, b"POST / HTTP/1.1\r\nHost: t\r\nUpgrade: foo\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await _exchange(port, ws)
+    assert served == ["LeanStream", "HTTPStream", "WSStream"]

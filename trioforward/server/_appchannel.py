@@ -167,6 +167,17 @@ class AppTaskGroup(TaskGroup):
         scope: Any,
         send: Send,
     ) -> Callable[[Any], Awaitable[None]]:
+        return await self.spawn_app_direct(app, config, scope, self.app_send(send))
+
+    async def spawn_app_direct(
+        self,
+        app: AppWrapper,
+        config: Config,
+        scope: Any,
+        send: Send,
+    ) -> Callable[[Any], Awaitable[None]]:
+        """``spawn_app`` with ``send`` given to the app as it is (the lean stream's,
+        which writes each fixed-length answer once by itself: ``_leanstream``)."""
         channel = AppChannel(config.max_app_queue_size)
         scope["extensions"][DISCONNECT_EXTENSION] = channel
         assert self._nursery is not None
@@ -177,9 +188,7 @@ class AppTaskGroup(TaskGroup):
         if guard is not None:
             guard.enter()
         try:
-            self._nursery.start_soon(
-                _run_app, channel, app, config, scope, self.app_send(send), guard
-            )
+            self._nursery.start_soon(_run_app, channel, app, config, scope, send, guard)
         except BaseException:
             if guard is not None:
                 guard.exit()

@@ -55,7 +55,7 @@ from hypercorn.utils import parse_socket_addr
 
 from trioforward._h11 import front_h11
 from trioforward.server._appchannel import AppTaskGroup, Send
-from trioforward.server._h11front import FrontH11Protocol
+from trioforward.server._leanstream import LeanH11Protocol
 
 if TYPE_CHECKING:
     import h11
@@ -160,8 +160,9 @@ class KeepAliveTCPServer(TCPServer):
                     self.protocol_send,
                     "http/1.1",
                 )
-                # The front's refusals of ambiguous framings (see _h11front).
-                self.protocol.protocol = FrontH11Protocol(
+                # The front's refusals of ambiguous framings (_h11front) and plain
+                # requests through the lean stream (_leanstream).
+                self.protocol.protocol = LeanH11Protocol(
                     self.app,
                     self.config,
                     self.context,
@@ -289,11 +290,11 @@ class KeepAliveTCPServer(TCPServer):
 
     def _request_read(self) -> bool:
         """Whether h11 has the whole current request. Reads Hypercorn's own h11
-        connection (``H11Protocol.connection``, of our :class:`FrontH11Protocol`);
+        connection (``H11Protocol.connection``, of our :class:`LeanH11Protocol`);
         ``False`` for any other protocol (a WebSocket upgrade), which keeps
         Hypercorn's scheduler pass."""
         protocol = self.protocol.protocol
-        if type(protocol) is FrontH11Protocol:
+        if type(protocol) is LeanH11Protocol:
             connection = protocol.connection
             if type(connection) is h11.Connection:
                 return connection.their_state is h11.DONE
