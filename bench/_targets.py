@@ -26,6 +26,7 @@ started by module, never by script name.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -71,9 +72,11 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn(args: list[str]) -> subprocess.Popen[bytes]:
+def spawn(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``args`` in a session of its own; ``env``: variables added to this process's."""
     return subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

@@ -14,7 +14,7 @@ count for the layer that called them):
 
 - front server: accept, socket reads, HTTP parse (h11 server side), Hypercorn's
   per-request stream and the ASGI hand-over (``_worker``, ``_tcpserver``, ``_appchannel``,
-  ``_listener``, ``hypercorn.*`` not under the app's ``send``);
+  ``_leanstream``, ``_h11front``, ``_listener``, ``hypercorn.*`` not under the app's ``send``);
 - response write: the app's ``send`` down through Hypercorn, h11 and ``write``;
 - forwarder: the OpenAI route's own frame (headers, outcome record, access log,
   metrics);
@@ -26,6 +26,12 @@ count for the layer that called them):
 - probes: the trio instrument's own calls (the cost of measuring);
 - collector: ``gc.callbacks`` time (py-spy does not see it; its share is
   taken off the others' total first).
+
+With the compiled h11 (``h11-mypyc``, the default when installed) h11 has no
+Python frames: its time is charged to the frame that called it, so the "h11"
+parts are empty and their time is in "Hypercorn stream", "Hypercorn + ASGI
+send" and the pool's "checkout" part; ``--gateway-env TRIOFORWARD_H11=pure``
+profiles the pure one, whose h11 frames py-spy sees.
 
 µs per request of a layer = its share of the samples × (process CPU − collector)
 / requests. The probes add a little (two counters per task step; py-spy reads
@@ -172,6 +178,7 @@ def classify(stack: list[str]) -> tuple[str, str]:
         layer = "forwarder"
     elif "/hypercorn/" in innermost or any(
         m in innermost for m in ("/server/_worker.py", "/server/_tcpserver.py", "/server/_appchannel.py",
+                                 "/server/_leanstream.py", "/server/_h11front.py",
                                  "/trioforward/_listener.py")
     ):
         layer = "response write" if under_send else "front server"
@@ -203,6 +210,7 @@ def _layers(raw: Path) -> tuple[Counter[str], Counter[str], int]:
 def profile_size(
     size: int, engines: list[str], rate: int, min_requests: int, keep_raw: Path | None,
     extra: list[str] = [],  # noqa: B006 - never mutated
+    gateway_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One fresh gateway profiled at bursts of ``size``; ``keep_raw``: the JSON
     path beside which py-spy's samples are kept (``NAME_SIZE.txt``), or None."""
@@ -214,7 +222,8 @@ def profile_size(
         argv = ["--host", host, "--port", str(port), "--no-access-log", "--log-level", "warning", *extra]
         for url in engines:
             argv += ["--engine", url]
-        proc = targets.spawn([sys.executable, __file__, "--serve", json.dumps(argv), "--dump", str(dump)])
+        proc = targets.spawn([sys.executable, __file__, "--serve", json.dumps(argv), "--dump", str(dump)],
+                             env=gateway_env)
         procs.append(proc)
         try:
             url = f"http://{host}:{port}"
@@ -300,6 +309,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                         help="keep py-spy's samples beside --out (profile_gateway_SIZE.txt)")
     parser.add_argument("--gateway-args", default="",
                         help="extra `trioforward serve` flags, e.g. '--engine-capacity 0'")
+    parser.add_argument("--gateway-env", default="",
+                        help="VAR=VALUE[,VAR=VALUE] for the gateway process, e.g. TRIOFORWARD_H11=pure")
     parser.add_argument("--out", default=str(RESULTS / "profile_gateway.json"))
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--dump", help=argparse.SUPPRESS)
@@ -312,7 +323,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     try:
         engines = targets.start_engines(2, procs)
         results = [profile_size(int(s), engines, args.rate, args.min_requests,
-                                Path(args.out) if args.keep_raw else None, args.gateway_args.split())
+                                Path(args.out) if args.keep_raw else None, args.gateway_args.split(),
+                                dict(kv.split("=", 1) for kv in args.gateway_env.split(",") if kv) or None)
                    for s in args.sizes.split(",")]
     finally:
         for p in procs:
@@ -323,6 +335,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "bursts of that size; layer µs = sample share × (process CPU − gc callback time) / requests",
         "rate_hz": args.rate,
         "gateway_args": args.gateway_args,
+        "gateway_env": args.gateway_env,
         "results": results,
     }
     out = Path(args.out)

@@ -67,7 +67,7 @@ is imported: `{prefix}H11` chooses the HTTP/1.1 implementation of the pool, the
 simulated engine and the gateway's front — unset or `auto`: the compiled
 `h11-mypyc` when installed (`pip install 'trioforward[speedups]'`), else pure `h11`;
 `pure`: always `h11`; `compiled`: `h11-mypyc` or an `ImportError` naming the extra.
-See [performance](performance.md) ("The compiled h11") and
+See [performance](performance.md) ("Per-request CPU") and
 [server](server.md) ("Which h11 the front uses").
 
 Example `trioforward.toml`:

@@ -1,5 +1,5 @@
 """Which h11 the process speaks HTTP/1.1 with: the compiled one (``h11-mypyc``) when it
-is importable, else the pure-Python ``h11`` (docs/performance.md, "The compiled h11").
+is importable, else the pure-Python ``h11`` (docs/performance.md, "Per-request CPU").
 
 ``h11-mypyc`` (PyPI; the ``trioforward[speedups]`` extra) is h11's own code with
 annotations exact enough for mypyc, compiled: the same API and h11's test suite,
