@@ -238,17 +238,26 @@ async def _text_only_engine(stream: trio.SocketStream) -> None:
     while b"\r\n\r\n" not in data:
         data += await stream.receive_some(65536)
     head, _, rest = data.partition(b"\r\n\r\n")
+    # The client's own probes (health, engine kind detection) are GETs with no body:
+    # they get a 404, as an engine without those routes answers.
     length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
     )
     while len(rest) < length:
         rest += await stream.receive_some(65536)
-    answer = b'{"id": "c", "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}'
+    if head.startswith(b"GET "):
+        status, answer = b"404 Not Found", b'{"detail": "Not Found"}'
+    else:
+        status = b"200 OK"
+        answer = b'{"id": "c", "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}]}'
     await stream.send_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (len(answer), answer)
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (status, len(answer), answer)
     )
     await stream.aclose()
 
