@@ -294,3 +294,57 @@ async def test_embedded_complete_carries_spans_and_token_versions(
         assert choice.token_versions.dtype == np.int32
         assert choice.token_versions.tolist() == [0] * 4 + [1] * 6
         assert [s["version"] for s in choice.weight_versions] == ["v1", "v2"]
+
+
+def sse(body: bytes) -> list[Any]:
+    import orjson
+
+    assert body.endswith(b"data: [DONE]\n\n")
+    events = [e for e in body.split(b"\n\n") if e]
+    assert all(e.startswith(b"data: ") for e in events)
+    return [orjson.loads(e[6:]) for e in events[:-1]]
+
+
+async def stream_into(client: Any, out: list[bytes], payload: dict[str, Any]) -> None:
+    async with client.stream(COMPLETION, json={**payload, "stream": True}) as fs:
+        assert fs.status == 200
+        out.append(b"".join([chunk async for chunk in fs.aiter_bytes()]))
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_a_stream_continued_across_the_update_is_one_valid_stream(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock, n: int
+) -> None:
+    from trioforward.sim import render_text
+
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        await client.resume(weight_version="v1")
+        bodies: list[bytes] = []
+        payload = gen(n=n, stream_options={"include_usage": True})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream_into, client, bodies, payload)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.45)
+            await update(client, "v2")
+        events = sse(bodies[0])
+        assert all(c["finish_reason"] != "abort" for e in events for c in e["choices"])
+        assert len({e["id"] for e in events}) == 1
+        *chunks, usage = events
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 10 * n
+        for index in range(n):
+            mine = [c for e in chunks for c in e["choices"] if c["index"] == index]
+            tokens, logprobs = continued(PROMPT, 4, 10, index)
+            assert all(c["token_ids"] is None for c in mine)  # the caller did not ask
+            assert [lp for c in mine for lp in c["logprobs"]["token_logprobs"]] == logprobs
+            assert "".join(c["text"] for c in mine) == render_text(tokens)
+            offsets = [o for c in mine for o in c["logprobs"]["text_offset"]]
+            assert offsets == sorted(offsets) and len(offsets) == 10
+            assert mine[-1]["finish_reason"] == "length"
+            assert mine[-1]["weight_versions"] == [
+                {"version": "v1", "start": 0, "end": 4},
+                {"version": "v2", "start": 4, "end": 10},
+            ]
+        assert engine.stats.tokens_decoded == 10 * n

@@ -116,6 +116,32 @@ async def test_abort_with_continue_over_http_answers_in_the_callers_shape(fd_bas
             assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:], strict=False))
 
 
+async def test_a_stream_paused_with_continue_is_one_stream_with_done(fd_baseline: int) -> None:
+    async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            body = b""
+            payload = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+            async with client.stream("POST", "/v1/completions", json=payload) as r:
+                assert r.status_code == 200
+                paused = False
+                async for chunk in r.aiter_bytes():
+                    body += chunk
+                    if body.count(b"data: ") >= 3 and not paused:
+                        paused = True
+                        answer = await client.post(
+                            "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
+                        )
+                        assert answer.status_code == 200
+                        await client.post("/admin/resume", json={"weight_version": "v2"})
+        assert body.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"abort"' not in body
+        events = [orjson.loads(e[6:]) for e in body.split(b"\n\n") if e and e != b"data: [DONE]"]
+        tokens = [t for e in events for c in e["choices"] for t in c["token_ids"]]
+        assert len(tokens) == 40 and events[-1]["usage"]["completion_tokens"] == 40
+        assert events[-2]["choices"][0]["weight_versions"][-1]["end"] == 40
+        # decoded once (a token decoded as the abort landed, never sent, may be lost)
+        assert 40 <= engine.stats.tokens_decoded <= 41
+
+
 async def test_a_stream_paused_with_abort_ends_with_one_error_event(fd_baseline: int) -> None:
     async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:

@@ -309,7 +309,7 @@ class Client(PauseGate):
         if self._tracing is not None:
             replies = self._tracing.stream(req, span, replies)
         async with replies as reply:
-            yield ForwardStream(req, reply)
+            yield ForwardStream(req, reply, self._dispatcher)
 
     async def complete(
         self,

@@ -48,6 +48,7 @@ __all__ = [
     "warn_no_token_ids",
     "ContinueCounts",
     "continued_answer",
+    "continue_choice",
 ]
 
 log = logging.getLogger("trioforward.dispatch")
@@ -127,7 +128,18 @@ class Generation:
     generated id; ``continuations``: how many times it was sent again.
     """
 
-    __slots__ = ("prompt", "choice", "tokens", "logprobs", "text", "spans", "finish", "stop", "continuations")
+    __slots__ = (
+        "prompt",
+        "choice",
+        "tokens",
+        "logprobs",
+        "text",
+        "spans",
+        "finish",
+        "stop",
+        "continuations",
+        "sent",
+    )
 
     def __init__(self, choice: dict[str, Any], prompt: list[int], version: str | None) -> None:
         self.prompt = prompt
@@ -144,10 +156,13 @@ class Generation:
         self.finish: Any = None
         self.stop: Any = None
         self.continuations = 0
+        self.sent = (0, 0, 0)  # tokens, text, logprob entries a stream's caller has
         self.add(choice, version)
 
-    def add(self, choice: dict[str, Any], version: str | None) -> None:
-        """Append one segment (an engine choice with ``token_ids``) made under ``version``."""
+    def add(self, choice: dict[str, Any], version: str | None, shift: bool = True) -> None:
+        """Append one segment (an engine choice with ``token_ids``) made under
+        ``version``; ``shift``: its ``text_offset`` counts from its own text (a
+        continuation), not from the generation's (a stream's deltas)."""
         ids = choice.get("token_ids") or []
         start = len(self.tokens)
         if ids:
@@ -158,13 +173,35 @@ class Generation:
         self.tokens.extend(ids)
         block = choice.get("logprobs")
         if self.logprobs is not None and isinstance(block, dict):
-            shift = len(self.text)
-            self.logprobs["text_offset"].extend(o + shift for o in block.get("text_offset") or [])
+            by = len(self.text) if shift else 0
+            self.logprobs["text_offset"].extend(o + by for o in block.get("text_offset") or [])
             for key in ("token_logprobs", "tokens", "top_logprobs"):
                 self.logprobs[key].extend(block.get(key) or [])
         self.text += choice.get("text") or ""
         self.finish = choice.get("finish_reason")
         self.stop = choice.get("stop_reason")
+
+    def mark(self) -> None:
+        """Record what a stream's caller has received so far (:meth:`tail`)."""
+        lps = len(self.logprobs["tokens"]) if self.logprobs is not None else 0
+        self.sent = (len(self.tokens), len(self.text), lps)
+
+    def tail(self, ids: bool) -> dict[str, Any]:
+        """One stream event's choice with everything after :meth:`mark`: the new
+        tokens, text and logprobs, the last finish, and the spans of the whole."""
+        tokens, text, lps = self.sent
+        out: dict[str, Any] = {"index": 0, "text": self.text[text:]}
+        out["logprobs"] = (
+            None
+            if self.logprobs is None
+            else {k: v[lps:] for k, v in self.logprobs.items()}
+        )
+        out["finish_reason"] = self.finish
+        out["stop_reason"] = self.stop
+        out["prompt_token_ids"] = None
+        out["token_ids"] = self.tokens[tokens:] if ids else None
+        out["weight_versions"] = self.spans or [{"version": None, "start": 0, "end": 0}]
+        return out
 
     def end(self, finish: str) -> None:
         """End here with ``finish`` (a continuation the engine refused: ``"length"``)."""
@@ -299,7 +336,7 @@ async def continued_answer(dispatcher: Dispatcher, req: Request, reply: Reply) -
 
     async def one(gen: Generation) -> None:
         try:
-            await _continue_one(dispatcher, req, body, gen, budget, failure)
+            await continue_choice(dispatcher, req, body, gen, budget, failure)
         except TrioforwardError as exc:
             errors.append(exc)
             nursery.cancel_scope.cancel()
@@ -316,7 +353,7 @@ async def continued_answer(dispatcher: Dispatcher, req: Request, reply: Reply) -
     return Reply(reply.engine, reply.status, reply.headers, content, None, reply.deadline)
 
 
-async def _continue_one(
+async def continue_choice(
     dispatcher: Dispatcher,
     req: Request,
     body: dict[str, Any],
@@ -324,7 +361,9 @@ async def _continue_one(
     budget: int,
     failure: list[Reply],
 ) -> None:
-    """Send ``gen`` again until it ends other than by an abort pause."""
+    """Send ``gen`` again (``body``: the caller's request) until it ends other than
+    by an abort pause; a non-2xx answer other than a length refusal goes to
+    ``failure``. Raises :class:`DispatchAborted` past ``max_continuations``."""
     limit = dispatcher.settings.max_continuations
     counts = dispatcher.continued
     while True:

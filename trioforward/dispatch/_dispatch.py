@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+from functools import partial
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -195,6 +196,7 @@ class Dispatcher:
                         try:
                             reply = await self._attempts(req, engine, deadline, stream)
                             if reply is not None:
+                                reply.release = partial(self._give_back, req, engine, start, reply)
                                 try:
                                     yield reply
                                 finally:
@@ -202,18 +204,7 @@ class Dispatcher:
                                         reply.body.close()
                                 return
                         finally:
-                            if req.is_adapter:
-                                assert req.model is not None
-                                self.loader.end(engine, req.model)
-                            self.in_flight -= 1
-                            engine.calls.discard(req)
-                            engine.limiter.release_on_behalf_of(req)
-                            engine.call_finished()
-                            conserve(self.router, self.registry, engine)
-                            t0 = trio.current_time()
-                            req.engine_time += t0 - start
-                            self.engine_time_avg += 0.1 * (t0 - start - self.engine_time_avg)
-                            req.dispatched_at = None
+                            t0 = self._give_back(req, engine, start)
                         budget = max(0.0, deadline - t0)
                         avoid = engine
                 except TrioforwardError as exc:
@@ -223,6 +214,29 @@ class Dispatcher:
             raise self._hinted(req.stamp(req.aborted()))
         finally:
             self.outstanding -= 1
+
+    def _give_back(self, req: Request, engine: Engine, start: float, reply: Reply | None = None) -> float:
+        """End ``req``'s dispatch on ``engine`` (capacity, counts; ``reply``'s body
+        closed first): at the attempt loop's end, or earlier through
+        ``reply.release()`` (a stream continued after an abort pause). Once only;
+        returns the time it ended (trio clock)."""
+        if reply is not None and reply.body is not None:
+            reply.body.close()
+        if req.dispatched_at is None:
+            return trio.current_time()
+        if req.is_adapter:
+            assert req.model is not None
+            self.loader.end(engine, req.model)
+        self.in_flight -= 1
+        engine.calls.discard(req)
+        engine.limiter.release_on_behalf_of(req)
+        engine.call_finished()
+        conserve(self.router, self.registry, engine)
+        t0 = trio.current_time()
+        req.engine_time += t0 - start
+        self.engine_time_avg += 0.1 * (t0 - start - self.engine_time_avg)
+        req.dispatched_at = None
+        return t0
 
     async def _queue(
         self, req: Request, avoid: Engine | None, queue_deadline: float, t0: float

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import trio
 
 from trioforward import Phase
+from trioforward.dispatch._continue import CONTINUABLE_PATH
+from trioforward.dispatch._continue_stream import continuing_events
 from trioforward.dispatch._outcome import Reply, gateway_error
 from trioforward.dispatch._request import Request, strip_response_headers
 from trioforward.http import PoolError
+
+if TYPE_CHECKING:
+    from trioforward.dispatch._dispatch import Dispatcher
 
 __all__ = ["ForwardStream"]
 
@@ -37,9 +43,10 @@ class ForwardStream:
         "request_id",
         "_req",
         "_reply",
+        "_dispatcher",
     )
 
-    def __init__(self, req: Request, reply: Reply) -> None:
+    def __init__(self, req: Request, reply: Reply, dispatcher: Dispatcher | None = None) -> None:
         self.status = reply.status
         self.headers = strip_response_headers(reply.headers)
         self.engine = reply.engine.url
@@ -50,6 +57,7 @@ class ForwardStream:
         self.request_id = req.request_id  # docs/server.md, "Request ids and rollout groups"
         self._req = req
         self._reply = reply
+        self._dispatcher = dispatcher  # continues a /v1/completions stream (docs/operations.md)
 
     @property
     def engine_time(self) -> float:
@@ -57,7 +65,18 @@ class ForwardStream:
         return self._req.engine_time_now()
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, in pieces of up to 64 KiB."""
+        """The body as it arrives, in pieces of up to 64 KiB (a ``/v1/completions``
+        stream: whole events, continued across an abort pause with
+        ``replay="continue"``, docs/operations.md)."""
+        req, reply = self._req, self._reply
+        if self._dispatcher is None or req.url_path != CONTINUABLE_PATH or reply.body is None:
+            async for chunk in self._raw():
+                yield chunk
+            return
+        async for chunk in continuing_events(self._dispatcher, req, reply, self._raw()):
+            yield chunk
+
+    async def _raw(self) -> AsyncIterator[bytes]:
         reply = self._reply
         if reply.body is None:
             if reply.content:

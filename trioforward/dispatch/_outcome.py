@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from trioforward import Phase
 from trioforward.dispatch._engines import Engine
@@ -21,10 +22,11 @@ class Reply:
     engine's; ``body`` is the open :class:`StreamResponse` of a 2xx/3xx stream
     (closed when ``dispatcher.stream``'s block exits), else ``None``;
     ``deadline`` is the dispatch deadline it ran under (``trio.current_time()``
-    scale).
+    scale); ``release()`` ends the dispatch early (a stream continued after an
+    abort pause gives its engine capacity back before its block exits).
     """
 
-    __slots__ = ("engine", "status", "headers", "content", "body", "deadline")
+    __slots__ = ("engine", "status", "headers", "content", "body", "deadline", "release")
 
     def __init__(
         self,
@@ -41,6 +43,13 @@ class Reply:
         self.content = content
         self.body = body
         self.deadline = deadline
+        # Ends the dispatch now (body closed, capacity given back): set by the
+        # dispatcher on the reply it yields; leaving its block does the same.
+        self.release: Callable[[], object] = _nothing
+
+
+def _nothing() -> None:
+    return None
 
 
 def gateway_error(

@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from trioforward.dispatch._continue import CONTINUE, WHOLE, replay_mode
+from trioforward.dispatch._continue import CONTINUE, replay_mode
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import ENGINE_MODES, EngineControl, EngineControlError
 from trioforward.dispatch._engines import Engine, Registry
@@ -151,11 +151,8 @@ class WeightUpdates:
             await _wait_idle(targets)
             return
         if engine_mode == "abort" and how == CONTINUE:
-            # Streams are not continued (yet): ended here, before the engine's
-            # truncated stream, as for a whole replay.
-            self._abort(targets, WHOLE, "engine_mode=abort", streams_only=True)
-            # Every other request waits for the engine's abort answer: its tokens
-            # so far are what the continuation starts from.
+            # Every request, streams included, waits for the engine's abort answer:
+            # its tokens so far are what the continuation starts from.
             for engine in targets:
                 for req in engine.calls:
                     req.replay = CONTINUE

@@ -1,0 +1,204 @@
+"""A ``/v1/completions`` stream an abort pause ended, continued as one unbroken stream.
+
+With ``replay="continue"`` (docs/operations.md, "Continue after an abort pause")
+a stream whose head went out is held open through the pause: its events are
+relayed as they come until the engine's abort events (``finish_reason:
+"abort"``), which are held back with the usage chunk and ``[DONE]``; the
+dispatch gives its engine capacity back at once (``reply.release()``), the
+aborted choices are continued after the resume as a whole completion does
+(:func:`._continue.continue_choice`), and each continued choice's new tokens go
+out as one event (``index`` kept, ``text_offset`` carried on, ``weight_versions``
+spans on it), then the usage chunk (``stream_options.include_usage``) and
+``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import trio
+
+from trioforward.dispatch._continue import (
+    CONTINUE,
+    DEFAULT_MAX_TOKENS,
+    Generation,
+    continue_choice,
+    hide_token_ids,
+    warn_no_token_ids,
+)
+from trioforward.dispatch._outcome import Reply
+from trioforward.dispatch._request import Request
+from trioforward.errors import DispatchAborted, TrioforwardError
+
+if TYPE_CHECKING:
+    from trioforward.dispatch._dispatch import Dispatcher
+
+__all__ = ["continuing_events"]
+
+_ABORTS = (b'"finish_reason":"abort"', b'"finish_reason": "abort"')
+_BOUNDARY = re.compile(rb"\r?\n\r?\n")
+_DONE = b"data: [DONE]\n\n"
+
+
+def _events_end(data: bytes) -> int:
+    """Length of the complete SSE events at the start of ``data`` (up to the last
+    blank line; WHATWG HTML, event stream parsing)."""
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _split(block: bytes) -> list[bytes]:
+    return [e + b"\n\n" for e in _BOUNDARY.split(block) if e.strip()]
+
+
+def _payload(event: bytes) -> Any:
+    """The JSON of one ``data:`` event, ``None`` for ``[DONE]`` or anything else."""
+    data = b"".join(
+        line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")
+    )
+    if not data or data == b"[DONE]":
+        return None
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def continuing_events(
+    dispatcher: Dispatcher, req: Request, reply: Reply, source: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """The bytes to relay of stream ``reply`` (raw chunks from ``source``): whole
+    events only, token ids hidden when the gateway asked for them, and continued
+    past an abort pause with ``replay="continue"``. Raises the dispatch errors of a
+    continuation, :class:`DispatchAborted` when it cannot be continued."""
+    seen: list[bytes] = []  # events relayed, parsed only if the stream is continued
+    held: list[bytes] = []
+    partial = b""
+    async for chunk in source:
+        data = partial + chunk if partial else chunk
+        end = _events_end(data)
+        partial = data[end:]
+        if not end:
+            continue
+        block = data[:end]
+        if held:
+            held.append(block)
+            continue
+        if req.replay == CONTINUE and any(a in block for a in _ABORTS):
+            events = _split(block)
+            first = next(i for i, e in enumerate(events) if any(a in e for a in _ABORTS))
+            block = b"".join(events[:first])
+            held.extend(events[first:])
+            if not block:
+                continue
+        seen.append(block)
+        yield hide_token_ids(block) if req.asked_ids else block
+    if not held:
+        if partial:
+            yield partial  # the engine ended it so: its own
+        return
+    reply.release()  # the engine ended it: its capacity goes back before the resume
+    async for out in _continued(dispatcher, req, reply, seen, held):
+        yield out
+
+
+async def _continued(
+    dispatcher: Dispatcher, req: Request, reply: Reply, seen: list[bytes], held: list[bytes]
+) -> AsyncIterator[bytes]:
+    counts = dispatcher.continued
+    gens: dict[int, Generation] = {}
+    head: dict[str, Any] = {}
+    usage: list[dict[str, Any]] = []
+    _parse(seen, gens, head, usage, req, reply, counts)
+    for g in gens.values():
+        g.mark()  # what the caller has: the continuation's event starts here
+    _parse(held, gens, head, usage, req, reply, counts)
+    aborted = {i: g for i, g in gens.items() if g.finish == "abort"}
+    if any(not g.prompt for g in aborted.values()):
+        warn_no_token_ids(counts, reply.engine.url)
+        raise req.stamp(DispatchAborted("no prompt_token_ids to continue from", phase=req.phase))
+    body = orjson.loads(req.content)
+    budget = body.get("max_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        budget = DEFAULT_MAX_TOKENS
+    counts.answers += 1
+    counts.tokens_kept += sum(len(g.tokens) for g in aborted.values())
+    failure: list[Reply] = []
+    errors: list[TrioforwardError] = []
+
+    async def one(gen: Generation) -> None:
+        try:
+            await continue_choice(dispatcher, req, body, gen, budget, failure)
+        except TrioforwardError as exc:
+            errors.append(exc)
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for gen in aborted.values():
+            nursery.start_soon(one, gen)
+    if errors:
+        raise errors[0]
+    if failure:
+        text = failure[0].content[:300].decode("utf-8", "replace")
+        raise req.stamp(
+            DispatchAborted(
+                f"the continuation after an abort pause failed: engine answered"
+                f" {failure[0].status}: {text}",
+                phase=req.phase,
+            )
+        )
+    ids = not req.asked_ids
+    out = []
+    for index, gen in sorted(aborted.items()):
+        choice = gen.tail(ids)
+        choice["index"] = index
+        out.append(b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n")
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        prompt = int(usage[-1].get("prompt_tokens") or 0) if usage else 0
+        completion = sum(len(g.tokens) for g in gens.values())
+        use = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+        out.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": use}) + b"\n\n")
+    out.append(_DONE)
+    yield b"".join(out)
+
+
+def _parse(
+    events: list[bytes],
+    gens: dict[int, Generation],
+    head: dict[str, Any],
+    usage: list[dict[str, Any]],
+    req: Request,
+    reply: Reply,
+    counts: Any,
+) -> None:
+    """Add the choices' deltas of ``events`` to ``gens`` (by choice index)."""
+    for event in _split(b"".join(events)):
+        doc = _payload(event)
+        if not isinstance(doc, dict):
+            continue
+        if not head:
+            head.update({k: doc.get(k) for k in ("id", "object", "created", "model")})
+        if doc.get("usage"):
+            usage.append(doc["usage"])
+        for choice in doc.get("choices") or []:
+            index = choice.get("index", 0)
+            gen = gens.get(index)
+            if gen is None:
+                base = {"text": "", "token_ids": [], "logprobs": choice.get("logprobs")}
+                prompt = choice.get("prompt_token_ids") or []
+                gen = gens[index] = Generation(base, prompt, req.weight_version)
+            if not isinstance(choice.get("token_ids"), list):
+                warn_no_token_ids(counts, reply.engine.url)
+                raise req.stamp(
+                    DispatchAborted(
+                        "an abort pause ended this stream and the engine sent no token ids:"
+                        " it cannot be continued",
+                        phase=req.phase,
+                    )
+                )
+            gen.add(choice, req.weight_version, shift=False)
