@@ -27,6 +27,15 @@ workloads each, engine caches and counters reset between runs:
   share of the batch is larger (docs/performance.md);
 - ``skewed``: one hot prefix (75 % of the requests, a unique tail each), the
   rest unique prompts, at a fixed concurrency.
+- ``lowload``: the case where the cache is the whole gain — far fewer requests
+  in flight than slots (default 8 on 4 engines of 16 slots, its own engine set
+  and gateways with ``prefix_tokens`` 32), 40 conversations of 5 turns, each
+  starting with its own 128 tokens. ``lost turns`` counts turns that did not
+  find their previous prompt cached, ``split`` the conversations that lost it
+  at least once (served by two engines or more). The load bound alone,
+  ``ceil(1.25 * (m + 1) / 4)`` = 3 here, split them though every engine had
+  idle slots; prefix routing now keeps a prefix on its engine while that engine
+  has a free slot.
 
 Engine timing: 4 requests at once, 0.5 ms a prompt token of prefill and
 5 ms a decode step. A decode step of 5 ms is the order of a small model on
@@ -249,6 +258,45 @@ async def _agentic(run: _Run, args: Any, engines: list[str], batches: list[dict[
         before = after
 
 
+async def _lowload(run: _Run, args: Any, engines: list[str], batches: list[dict[str, Any]]) -> None:
+    """``args.low_conversations`` conversations of ``args.low_turns`` turns, each
+    with its own ``args.low_prefix``-token start, ``args.low_concurrency`` in
+    flight (each worker runs its conversations one after the other): far below
+    the engines' slots. One batch: its wall, each engine's counters, the turns
+    that lost their conversation's prefix (as agentic's) and the conversations
+    that lost it at least once (``split``: served by more than one engine)."""
+    block = 16
+    todo = list(range(args.low_conversations))
+    lost = [0]
+    split: set[int] = set()
+    chains: list[float] = []
+
+    async def worker() -> None:
+        while todo:
+            c = todo.pop(0)
+            prompt = _text(f"conversation {c}", args.low_prefix)
+            previous = 0
+            chain = 0.0
+            for t in range(args.low_turns):
+                answer, cached = await run.complete_cached(prompt, f"conversation-{c}")
+                chain += ((len(prompt) - cached) * args.prefill_ms + args.max_tokens * args.decode_ms) / 1e3
+                if previous and cached < previous // block * block:
+                    lost[0] += 1
+                    split.add(c)
+                previous = len(prompt)
+                prompt = prompt + answer + _text(f"turn {c}.{t}", args.new_tokens)
+            chains.append(chain)
+
+    before = await _stats(run.session, engines)
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(args.low_concurrency)))
+    wall = time.perf_counter() - start
+    after = await _stats(run.session, engines)
+    deltas = [_delta(a, b) for a, b in zip(after, before, strict=True)]
+    batches.append({"wall_s": wall, "stats": deltas, "chain_s": max(chains, default=0.0),
+                    "lost_turns": lost[0], "split_conversations": len(split)})
+
+
 async def _grpo(
     run: _Run, rounds: int, groups: int, size: int, system: int, question: int,
     engines: list[str], batches: list[dict[str, Any]],
@@ -345,6 +393,8 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
         try:
             if name == "agentic":
                 await _agentic(run, args, engines, batches)
+            elif name == "lowload":
+                await _lowload(run, args, engines, batches)
             elif name == "grpo":
                 await _grpo(run, args.rounds, args.groups, args.group_size, args.system, args.task,
                             engines, batches)
@@ -378,19 +428,23 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
             "wall_s": round(b["wall_s"], 3),
             "busy_s_per_engine": [round(x, 3) for x in busy_b],
             "computed_per_engine": [d["computed"] for d in b["stats"]],
-            "placement_bound_s": round(max(busy_b) / args.capacity, 3),
+            "placement_bound_s": round(max(busy_b) / _capacity(name, args), 3),
         }
         if "chain_s" in b:  # agentic: the longest chain bounds the round too
             entry["chain_bound_s"] = round(b["chain_s"], 3)
             entry["lost_turns"] = b["lost_turns"]
+        if "split_conversations" in b:
+            entry["split_conversations"] = b["split_conversations"]
         per_batch.append(entry)
     # A closed loop keeps at most `peak` requests outstanding, so at every
     # placement the bound was at most ceil(1.25 * peak / n); an engine never
     # holds more than the gateway placed on it, so engine-side samples above
     # that mean the bound was broken (for routers that keep one).
-    peak = {"agentic": args.sessions, "grpo": args.groups * args.group_size}.get(
-        name, args.concurrency
-    )
+    peak = {
+        "agentic": args.sessions,
+        "grpo": args.groups * args.group_size,
+        "lowload": args.low_concurrency,
+    }.get(name, args.concurrency)
     bound = math.ceil(_load_factor(target) * peak / len(engines))
     peak_load = max((max(loads) for loads in samples), default=0)
     return {
@@ -417,7 +471,9 @@ async def _workload(name: str, target: str, url: str, engines: list[str], args: 
 # --- orchestration --------------------------------------------------------------------
 
 
-def _start_target(target: str, engines: list[str], capacity: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start_target(
+    target: str, engines: list[str], capacity: int, extra: list[str]
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     if target == "smg-cache_aware":
@@ -433,7 +489,7 @@ def _start_target(target: str, engines: list[str], capacity: int) -> tuple[subpr
         args = [sys.executable, "-c", CLI, "serve", "--port", str(port), "--routing", routing,
                 "--prefix-load-factor", str(_load_factor(target)),
                 "--engine-capacity", str(capacity),
-                "--no-access-log", "--log-level", "warning"]
+                "--no-access-log", "--log-level", "warning", *extra]
         for engine in engines:
             args += ["--engine", engine]
     proc = _spawn(args)
@@ -446,17 +502,25 @@ def _start_target(target: str, engines: list[str], capacity: int) -> tuple[subpr
     return proc, url
 
 
-def run(args: Any) -> dict[str, Any]:
+def _capacity(workload: str, args: Any) -> int:
+    """Slots of each engine the workload runs on (the low-load case has its own)."""
+    return args.low_capacity if workload == "lowload" else args.capacity
+
+
+def _run_set(
+    args: Any, capacity: int, gateway_capacity: int, workloads: list[str], extra: list[str],
+    rows: list[dict[str, Any]], skipped: dict[str, str],
+) -> None:
+    """Start ``args.engines`` simulated engines of ``capacity`` slots, then each
+    target in turn in front of them, and run ``workloads`` on each."""
     procs: list[subprocess.Popen[bytes]] = []
-    rows: list[dict[str, Any]] = []
-    skipped: dict[str, str] = {}
     try:
         engines = []
         for _ in range(args.engines):
             port = _free_port()
             proc = _spawn([
                 sys.executable, "-c", CLI, "sim-engine", "--port", str(port),
-                "--capacity", str(args.capacity),
+                "--capacity", str(capacity),
                 "--prefill-ms-per-token", str(args.prefill_ms),
                 "--decode-ms-per-token", str(args.decode_ms),
                 "--prefix-cache-tokens", str(args.cache_tokens),
@@ -467,13 +531,13 @@ def run(args: Any) -> dict[str, Any]:
             _wait_ready(url, proc)
         for target in args.targets:
             try:
-                proc, url = _start_target(target, engines, args.gateway_capacity or args.capacity)
+                proc, url = _start_target(target, engines, gateway_capacity, extra)
             except (RuntimeError, OSError) as exc:
                 skipped[target] = str(exc)
                 print(f"{target}: skipped ({exc})", file=sys.stderr, flush=True)
                 continue
             try:
-                for name in args.workloads:
+                for name in workloads:
                     cpu = _cpu_s(proc.pid)
                     row = asyncio.run(_workload(name, target, url, engines, args))
                     row["router_cpu_s"] = round(_cpu_s(proc.pid) - cpu, 3)
@@ -484,6 +548,19 @@ def run(args: Any) -> dict[str, Any]:
     finally:
         for proc in procs:
             _stop(proc)
+
+
+def run(args: Any) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    loaded = [w for w in args.workloads if w != "lowload"]
+    if loaded:
+        _run_set(args, args.capacity, args.gateway_capacity or args.capacity, loaded, [], rows, skipped)
+    if "lowload" in args.workloads:
+        # Its own engines (more slots than the load ever takes) and the gateway's
+        # prefix_tokens of the case: a conversation's start is its anchor.
+        _run_set(args, args.low_capacity, args.low_capacity, ["lowload"],
+                 ["--prefix-tokens", str(args.low_prefix_tokens)], rows, skipped)
     return {
         "benchmark": "prefix_routing",
         "cpus": os.cpu_count(),
@@ -493,7 +570,10 @@ def run(args: Any) -> dict[str, Any]:
         "workloads": f"agentic {args.agentic_rounds} rounds of {args.sessions} sessions x {args.turns} turns (system {args.system}, "
         f"task {args.task}, +{args.new_tokens} tokens a turn); grpo {args.rounds} batches of "
         f"{args.groups} groups x {args.group_size}; skewed {args.skewed_requests} requests at concurrency "
-        f"{args.concurrency}, 3/4 on a {args.hot}-token hot prefix; max_tokens {args.max_tokens}",
+        f"{args.concurrency}, 3/4 on a {args.hot}-token hot prefix; lowload {args.low_conversations} "
+        f"conversations x {args.low_turns} turns, {args.low_concurrency} in flight, on engines of "
+        f"{args.low_capacity} slots, each starting with its own {args.low_prefix} tokens "
+        f"(prefix_tokens {args.low_prefix_tokens}); max_tokens {args.max_tokens}",
         "gateway": f"trioforward serve --engine-capacity {args.gateway_capacity or args.capacity}",
         "note": "2 cores shared with other work: compare within this run. smg cache_aware with its "
         "defaults (cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5). "
@@ -554,6 +634,7 @@ def format_table(report: dict[str, Any]) -> str:
         batches = r.get("batches") or []
         floor = _floor(batches)
         lost = sum(b["lost_turns"] for b in batches) if batches and "lost_turns" in batches[0] else None
+        split = sum(b.get("split_conversations", 0) for b in batches)
         walls = " ".join(format(b["wall_s"], ".2f") for b in batches) or "–"
         lines.append(
             f"| {r['workload']} | {r['target']} | {r['errors']} | {r['prompt_tokens_computed']} | "
@@ -561,7 +642,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{fmt(ratio.get('cached_share_vs_session'), '.2f')} | {fmt(r['wall_s'], '.2f')} | "
             f"{fmt(ratio.get('wall_vs_least_outstanding'), '.2f')} | "
             f"{fmt(ratio.get('work_vs_least_outstanding'), '.2f')} | {fmt(floor, '.2f')} | {walls} | "
-            f"{fmt(lost, 'd')} | "
+            f"{fmt(lost, 'd')}{f' ({split} split)' if 'split_conversations' in (batches or [{}])[0] else ''} | "
             f"{fmt(r.get('router_cpu_s'), '.2f')} | "
             f"{fmt(r['p50_ms'], '.0f')} | "
             f"{fmt(r['p99_ms'], '.0f')} | {' '.join(map(str, r['requests_per_engine']))} | "
@@ -596,8 +677,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--concurrency", type=int, default=24)
     p.add_argument("--hot", type=int, default=1536, help="hot prefix (tokens)")
     p.add_argument("--tail", type=int, default=64, help="unique tail of a hot request (tokens)")
+    p.add_argument("--low-conversations", type=int, default=40, help="lowload: conversations")
+    p.add_argument("--low-turns", type=int, default=5, help="lowload: turns per conversation")
+    p.add_argument("--low-concurrency", type=int, default=8, help="lowload: requests in flight")
+    p.add_argument("--low-capacity", type=int, default=16, help="lowload: slots per engine")
+    p.add_argument("--low-prefix", type=int, default=128,
+                   help="lowload: a conversation's own start (tokens = characters)")
+    p.add_argument("--low-prefix-tokens", type=int, default=32,
+                   help="lowload: the gateway's prefix_tokens (its text anchor: 4 x as many bytes)")
     p.add_argument("--targets", default=",".join(POLICIES))
-    p.add_argument("--workloads", default="agentic,grpo,skewed")
+    p.add_argument("--workloads", default="agentic,grpo,skewed,lowload")
     p.add_argument("--out", default=str(RESULTS / "prefix_routing.json"))
     args = p.parse_args(argv)
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]

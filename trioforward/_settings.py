@@ -67,7 +67,7 @@ class Settings:
     retry_budget_ratio: float = _knob(0.2, "retries allowed as a fraction of requests (token bucket)", "ratio")
     retry_budget_min: float = _knob(10.0, "retries per second always allowed by the retry budget", "retries/s")
     routing: str = _knob("least-outstanding", "least-outstanding | round-robin | session | prefix", "")
-    prefix_load_factor: float = _knob(1.25, "routing = prefix: no engine takes a request while its outstanding load is at ceil(factor x mean); >= 1", "ratio")
+    prefix_load_factor: float = _knob(1.25, "routing = prefix: an engine without a free slot takes no request while its outstanding load is at ceil(factor x mean); >= 1", "ratio")
     prefix_tokens: int = _knob(256, "routing = prefix: leading prompt tokens hashed for a new prefix's engine (same choice on every gateway)", "tokens")
     prefix_table_size: int = _knob(65536, "routing = prefix: prompts remembered so their continuations follow them (local, LRU); 0 = none", "prompts")
     health_interval: float = _knob(5.0, "seconds between GET /health probes of each engine", "s")

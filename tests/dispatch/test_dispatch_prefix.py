@@ -143,11 +143,13 @@ def test_a_request_that_would_queue_takes_a_free_slot_within_the_bound() -> None
     # No other slot is free: it queues on its choice.
     order[1].outstanding = order[2].outstanding = 2
     assert router.pick(engines, key, None) is order[0]
-    # A free slot at the bound is not taken: ceil(1.1 * (2 + 3 + 2 + 1) / 3) = 3.
+    # A free slot is room even at the bound, ceil(1.1 * (2 + 3 + 2 + 1) / 3) = 3:
+    # the request runs at once there.
     order[1].outstanding, order[1].capacity = 3, 4
     bounded = PrefixRouter(1.1, table_size=0)
-    assert bounded.pick(engines, key, None) is order[0]
-    order[2].outstanding = 0  # below it: ceil(1.1 * 6 / 3) = 3
+    assert bounded.pick(engines, key, None) is order[1]
+    order[1].outstanding = 4  # full: the next with a free slot
+    order[2].outstanding = 0
     assert bounded.pick(engines, key, None) is order[2]
 
 
@@ -261,3 +263,4 @@ def test_session_key_wins_over_the_prefix() -> None:
 def test_load_factor_below_one_is_refused() -> None:
     with pytest.raises(ValueError):
         PrefixRouter(0.9, 0)
+

@@ -16,15 +16,19 @@ already holds the longest prefix of its prompt. Three rules choose it:
    Otherwise — a new prefix, or the remembered engine is full or gone — the
    engines are ranked by rendezvous score of a stable hash of the prompt's
    first ``prefix_tokens`` tokens (the *anchor*, the same in every process),
-   and the first engine with room takes it. *Room*: its outstanding requests
-   (in flight + queued) are below ``ceil(load_factor * (m + 1) / n)``, ``m``
-   the outstanding total and ``n`` the eligible engines — no engine runs above
-   ``load_factor`` times the mean, and some engine always has room.
+   and the first engine with room takes it. *Room*: a free slot (a request
+   sent there now runs at once; only with a known capacity), or outstanding
+   requests (in flight + queued) below ``ceil(load_factor * (m + 1) / n)``,
+   ``m`` the outstanding total and ``n`` the eligible engines. The bound
+   matters once a request would wait: at low load (8 requests in flight on 4
+   engines of 16 slots, a bound of 3) it split conversations over engines
+   that all had idle slots, and the cache was the whole gain. No engine queues
+   above ``load_factor`` times the mean, and some engine always has room.
 
 3. **Work conservation.** A request that would queue on the chosen engine
    (no free slot: all of this process's share of its capacity is taken)
-   while another engine with room
-   has a free slot goes to the first such engine in the anchor's order. The
+   while another engine has a free slot goes to the first such engine in the
+   anchor's order. The
    other half — a slot that frees takes a request queued elsewhere — is the
    dispatcher's (``_queueing.conserve``), since only it sees slots free; it
    tells the table (:meth:`PrefixRouter.moved`), so the moved prompt's
@@ -206,7 +210,7 @@ class PrefixRouter:
             engine = table.get(h)
             if engine is not None:
                 table.move_to_end(h)
-                if engine.eligible and engine is not avoid and engine.outstanding < room:
+                if engine.eligible and engine is not avoid and _has_room(engine, room):
                     return engine
                 return None  # the deepest match is full or gone: rank by anchor
         return None
@@ -222,7 +226,7 @@ class PrefixRouter:
         for e in ranked:
             if e is avoid:
                 fallback = e
-            elif e.outstanding < room:
+            elif _has_room(e, room):
                 return e
         # Only ``avoid`` has room (or nothing does, when ``avoid``'s load is in
         # the mean but it may not take the request): the next choice with the
@@ -240,12 +244,18 @@ class PrefixRouter:
             table.popitem(last=False)
 
 
+def _has_room(engine: Routable, room: int) -> bool:
+    """Whether ``engine`` may take a request: a free slot of a known capacity (the
+    request runs at once), or an outstanding load below the bound ``room``."""
+    return engine.outstanding < room or (engine.capacity > 0 and engine.free_slot)
+
+
 def _spare(engines: Sequence[E], anchor: int, avoid: E | None, room: int) -> E | None:
-    """The first engine in ``anchor``'s preference order with a free slot and room."""
+    """The first engine in ``anchor``'s preference order with a free slot."""
     best: E | None = None
     best_score = -1
     for e in engines:
-        if e.eligible and e is not avoid and e.outstanding < room and e.free_slot:
+        if e.eligible and e is not avoid and e.free_slot:
             score = rendezvous_score(anchor, e.seed)
             if score > best_score:
                 best, best_score = e, score

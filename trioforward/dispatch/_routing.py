@@ -46,6 +46,9 @@ class Routable(Protocol):
     @property
     def free_slot(self) -> bool: ...  # a request sent now runs without queueing
 
+    @property
+    def capacity(self) -> int: ...  # requests it runs at once (0 = unlimited)
+
 
 def stable_hash(text: str) -> int:
     """A 64-bit hash that is the same in every process (``hash()`` is salted)."""
