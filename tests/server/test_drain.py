@@ -120,6 +120,11 @@ async def test_a_request_queued_for_capacity_is_answered_just_before_the_grace_e
                 and "error=shutting_down" in line
                 for line in lines
             ), lines
+            # The one cut at the grace's end got no answer, and the log says so (444,
+            # nginx's "no response"), not the 500 it was never sent.
+            cut = [line for line in lines if f"engine={engine.url}" in line]
+            assert len(cut) == 1 and cut[0].startswith("POST /v1/completions 444 "), lines
+            assert "error=closed_at_shutdown" in cut[0]
 
 
 @contextmanager
@@ -198,3 +203,67 @@ async def test_a_queued_tinker_sample_is_dropped_by_the_drain_and_its_held_poll_
         assert [p.status_code for p in polls] == [410], [p.text for p in polls]
         assert polls[0].json()["error"]["code"] == "gone"
         assert trio.current_time() - drain_start < 1.0
+
+
+async def test_held_polls_of_a_running_and_a_queued_tinker_sample_are_answered_before_the_grace_ends(
+    autojump_clock: trio.testing.MockClock, fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One slot: one sample runs (longer than the grace), the other waits in the
+    # Tinker layer's own queue (beyond the engines' capacity, never in the
+    # dispatch queue). Both polls are held when SIGTERM comes. Each gets an answer
+    # answer_margin before the grace ends, not a closed connection: the queued
+    # one 410 (never ran: the SDK resubmits it), the running one 503
+    # shutting_down with Retry-After (the SDK polls again; elsewhere, or here once
+    # back, the id answers 410).
+    caplog.set_level("INFO", logger="trioforward")
+    async with open_sim(decode_ms_per_token=50) as engine:
+        async with open_gateway(
+            engine.url, engine_capacity=1, shutdown_grace=GRACE, future_hold=60.0
+        ) as gw:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=None) as http:
+                r = await http.post(
+                    "/api/v1/create_sampling_session",
+                    json={"session_id": "s", "sampling_session_seq_id": 0, "base_model": "sim-base"},
+                )
+                session = r.json()["sampling_session_id"]
+                ids = []
+                for seq in range(2):
+                    sample = {
+                        "num_samples": 1,
+                        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+                        "sampling_params": {"max_tokens": 1000, "seed": seq},
+                        "sampling_session_id": session,
+                        "seq_id": seq,
+                    }
+                    ids.append((await http.post("/api/v1/asample", json=sample)).json()["request_id"])
+                with trio.fail_after(10):
+                    await engine.stats.wait_for(lambda s: s.running == 1)
+                tinker = gw.state.extras["tinker"]
+                assert tinker.runner.queued == 1  # the second waits in the Tinker layer
+                polls: dict[str, httpx.Response | httpx.HTTPError] = {}
+
+                async def poll(name: str, rid: str) -> None:
+                    try:
+                        polls[name] = await http.post("/api/v1/retrieve_future", json={"request_id": rid})
+                    except httpx.HTTPError as exc:
+                        polls[name] = exc
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(poll, "running", ids[0])
+                    nursery.start_soon(poll, "queued", ids[1])
+                    await trio.testing.wait_all_tasks_blocked(0.01)
+                    drain_start = trio.current_time()
+                    gw.stop.set()
+                answered_at = trio.current_time()
+        assert generation_requests(engine) == 1  # the queued sample never reached it
+    queued, running = polls["queued"], polls["running"]
+    assert isinstance(queued, httpx.Response), f"no answer: {queued!r}"
+    assert queued.status_code == 410 and queued.json()["error"]["code"] == "gone"
+    assert isinstance(running, httpx.Response), f"no answer: {running!r}"
+    assert running.status_code == 503, running.text
+    assert running.headers["retry-after"] == "1"
+    assert running.json()["error"]["code"] == "shutting_down"
+    assert answered_at - drain_start <= GRACE - answer_margin(GRACE) + 0.05
+    # Nothing is logged as answered that was not: no 500 for a reply never sent.
+    lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]
+    assert not any(" 500 " in line for line in lines), lines

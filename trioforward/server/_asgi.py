@@ -58,6 +58,7 @@ __all__ = [
     "Call",
     "Outcome",
     "CLIENT_CLOSED",
+    "NO_ANSWER",
     "respond",
     "send_start",
     "Scope",
@@ -71,6 +72,8 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 # nginx's "client closed request": logged and counted when the client hung up.
 CLIENT_CLOSED = 499
+# nginx's "no response": the server closed the connection before any answer.
+NO_ANSWER = 444
 _NOT_READY = error_body("gateway is not serving", type="server_error", code="not_ready")
 _RETRY_SOON = ((b"retry-after", b"1"),)  # startup takes about a second
 _SLASHES = re.compile("/{2,}")
@@ -222,6 +225,9 @@ class Front:
                         await work
                     finally:
                         channel.on_disconnect = None
+        except trio.Cancelled:  # the server's (a hang-up is caught above): the grace ended
+            log.cut()
+            raise
         finally:
             if guard is not None:
                 guard.exit()
@@ -362,6 +368,13 @@ class Outcome:
         self.span: Any = None  # its server span when the gateway traces (_tracing.py)
         self.request_id: str | None = None  # X-Request-Id of the answer
         self.group: str | None = None  # X-Rollout-Group of the request
+
+    def cut(self) -> None:
+        """The server cancelled the request (the shutdown grace ended): if nothing
+        was answered, it is logged and counted as :data:`NO_ANSWER`, not as the
+        500 it was never sent."""
+        if self.status == 500 and not self.complete:
+            self.status, self.error = NO_ANSWER, "closed_at_shutdown"
 
     def dispatching(self, engine: str, attempts: int, queue_time: float) -> None:
         """An attempt starts (``Client.post``'s ``on_dispatch``)."""

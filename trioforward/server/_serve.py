@@ -160,7 +160,10 @@ def _drain_queue(app: Any, grace: float) -> Callable[[float], None]:
     def begin(deadline: float) -> None:
         state = getattr(app, "extensions", {}).get(STATE_KEY)
         if state is not None:  # not started (or another app): nothing is queued
-            state.client.begin_drain(deadline - answer_margin(grace))
+            cutoff = deadline - answer_margin(grace)
+            state.client.begin_drain(cutoff)
+            for hook in state.on_drain:
+                hook(cutoff)
 
     return begin
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,10 @@ class GatewayState:
     (Tinker futures); ``metrics`` is the server's metrics object; ``fleet`` this
     process's fleet membership (``None`` without ``state_url``); ``tracing`` its
     span export (``None`` when off: docs/operations.md, "End-to-end traces"); ``extras`` lets a
-    route module keep its own state (e.g. the Tinker future store) by name.
+    route module keep its own state (e.g. the Tinker future store) by name;
+    ``on_drain``: called with the drain's cutoff (``trio.current_time()`` clock)
+    when the SIGTERM drain starts, beside the dispatch client's own drain, by a
+    route module that queues work of its own (Tinker's samples beyond capacity).
     """
 
     settings: Settings
@@ -36,6 +40,7 @@ class GatewayState:
     fleet: Any = None  # trioforward.fleet.Fleet when state_url is set (docs/fleet.md)
     tracing: Any = None  # _tracing.GatewayTracing when traces are exported, else None
     extras: dict[str, Any] = field(default_factory=dict)
+    on_drain: list[Callable[[float], None]] = field(default_factory=list)
 
 
 def get_state() -> GatewayState:

@@ -24,7 +24,14 @@ from trioforward.errors import QueueFull
 from trioforward.server._asgi import Call, Route, respond
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server.tinker import _fleet
-from trioforward.server.tinker._futures import PENDING, Future, FutureGone, FutureUnknown, StoreFull
+from trioforward.server.tinker._futures import (
+    PENDING,
+    Future,
+    FutureGone,
+    FutureUnknown,
+    StoreClosing,
+    StoreFull,
+)
 from trioforward.server.tinker._requests import (
     id_header,
     identify,
@@ -115,19 +122,30 @@ def _gone(request_id: str) -> RequestError:
     return RequestError(410, f"future {request_id!r} is no longer held; resubmit", code="gone")
 
 
+def _closing(request_id: str) -> RequestError:
+    return RequestError(
+        503,
+        f"the gateway is shutting down with sample {request_id!r} still running; poll again",
+        type="server_error",
+        code="shutting_down",
+        retry_after=1,
+    )
+
+
 async def _deliver(state: TinkerState, future: Future, call: Call) -> None:
     """Hold a pending ``future`` (408 past the hold; 410 if the drain abandons it
-    meanwhile), then send its stored bytes, with ``X-Weight-Version`` when the
-    weights that produced them had a version."""
+    meanwhile; 503 ``shutting_down`` with ``Retry-After`` once the drain's cutoff
+    passed with it still running), then send its stored bytes, with
+    ``X-Weight-Version`` when the weights that produced them had a version."""
     if future.state == PENDING:
         try:
             done = await state.store.wait(future.request_id)
-        except FutureGone:
-            err = _gone(future.request_id)
+        except (FutureGone, StoreClosing) as exc:
+            err = _gone(future.request_id) if isinstance(exc, FutureGone) else _closing(future.request_id)
             call.log.status = err.status
             call.refused(err.status, err.code)
             call.log.complete = True
-            await respond(call.send, err.status, err.body())
+            await respond(call.send, err.status, err.body(), extra=err.headers())
             return
         if done is None:
             call.refused(408, "try_again")

@@ -44,6 +44,7 @@ __all__ = [
     "FutureUnknown",
     "FutureGone",
     "StoreFull",
+    "StoreClosing",
     "PENDING",
     "READY",
     "DELIVERED",
@@ -67,6 +68,11 @@ class FutureGone(LookupError):
 
 class StoreFull(Exception):
     """``max_outstanding`` samples are unfinished (HTTP 429: the SDK backs off)."""
+
+
+class StoreClosing(Exception):
+    """The drain reached its cutoff with the sample still running: a poll will not
+    be held for it here (HTTP 503 ``shutting_down``: the SDK polls again)."""
 
 
 class Future:
@@ -154,6 +160,7 @@ class FutureStore:
         # Called with (request_id, content_type, body) as each result finishes:
         # fleet mode copies it to the shared state (docs/fleet.md).
         self.on_resolve: Callable[[str, str, bytes], None] | None = None
+        self.closing = False  # see close()
 
     @property
     def outstanding(self) -> int:
@@ -238,6 +245,17 @@ class FutureStore:
             future.event.set()
             future.event = None
 
+    def close(self) -> None:
+        """The drain's cutoff: polls are no longer held for pending futures (those
+        held wake, and :meth:`wait` raises :class:`StoreClosing` for them, as for
+        any later poll while they are pending); finished results are still served.
+        O(held futures), once."""
+        self.closing = True
+        for future in list(self._futures.values()):
+            if future.state == PENDING and future.event is not None:
+                future.event.set()
+                future.event = None
+
     # -- retrieval -----------------------------------------------------------
     def get(self, request_id: str) -> Future:
         """The held future. Raises :class:`FutureGone` or :class:`FutureUnknown`."""
@@ -252,16 +270,21 @@ class FutureStore:
 
         Returns ``None`` if it is still pending then. Cancelling the wait (the
         client went away) changes nothing for the sample, which keeps running.
-        Raises :class:`FutureGone` (also when it is abandoned meanwhile) or
-        :class:`FutureUnknown`.
+        Raises :class:`FutureGone` (also when it is abandoned meanwhile),
+        :class:`FutureUnknown`, or :class:`StoreClosing` for a pending future once
+        the store is closed (:meth:`close`).
         """
         future = self.get(request_id)
         if future.state == PENDING:
+            if self.closing:
+                raise StoreClosing(request_id)
             if future.event is None:
                 future.event = trio.Event()
             with trio.move_on_after(self.hold if hold is None else hold):
                 await future.event.wait()
             if future.state == PENDING:
+                if self.closing:
+                    raise StoreClosing(request_id)
                 return None
             if future.state == EVICTED:
                 raise FutureGone(request_id)

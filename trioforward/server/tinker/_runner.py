@@ -173,6 +173,13 @@ class SampleRunner:
             self._workers += 1
             self.nursery.start_soon(self._worker)
 
+    def take_queued(self) -> list[Future]:
+        """Empty the queue: the futures of the samples no worker took (the drain
+        drops them), oldest first."""
+        taken = [future for future, _ in self._queue]
+        self._queue.clear()
+        return taken
+
     @property
     def queued(self) -> int:
         return len(self._queue)

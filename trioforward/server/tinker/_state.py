@@ -11,6 +11,8 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+import trio
+
 from trioforward.server._state import GatewayState, get_state
 from trioforward.server.tinker._futures import FutureStore
 from trioforward.server.tinker._requests import SamplingSession, sampling_session_from_id
@@ -52,9 +54,26 @@ class TinkerState:
         self.runner = SampleRunner(
             self.store, self.client, gateway.nursery, self._worker_limit, gateway.metrics
         )
+        self._nursery = gateway.nursery
+        gateway.on_drain.append(self._drain)
         self._capacity = settings.engine_capacity
         self._sampling_sessions: OrderedDict[str, SamplingSession] = OrderedDict()
         self._models: OrderedDict[str, None] = OrderedDict()
+
+    def _drain(self, cutoff: float) -> None:
+        """The SIGTERM drain started; at ``cutoff`` (a moment before the grace ends,
+        as the dispatch client's queue) every sample still waiting in the runner's
+        own queue is dropped (410: no engine ran it, the SDK resubmits it), and the
+        polls held for samples still running answer 503 ``shutting_down`` (the SDK
+        polls again). Without this both got a closed connection at the grace's end."""
+
+        async def end_at_cutoff() -> None:
+            await trio.sleep_until(cutoff)
+            for future in self.runner.take_queued():
+                self.store.abandon(future)
+            self.store.close()
+
+        self._nursery.start_soon(end_at_cutoff)
 
     def _worker_limit(self) -> int:
         if not self._capacity:
