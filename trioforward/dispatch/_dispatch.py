@@ -367,11 +367,8 @@ class Dispatcher:
                 trace.retried(phase, decision.reason, status if last_error is None else None)
             if decision.load_adapter:
                 assert model is not None
-                if trace is None:
-                    await self.loader.ensure_loaded(engine, model, seen_epoch=epoch)
-                else:
-                    with trace.adapter_load(engine, model):
-                        await self.loader.ensure_loaded(engine, model, seen_epoch=epoch)
+                load = self.loader.ensure_loaded(engine, model, seen_epoch=epoch)
+                await (load if trace is None else trace.adapter_load(engine, model, load))
             if decision.delay > 0:
                 if trio.current_time() + decision.delay >= deadline:
                     # No time left for another attempt: the last outcome stands.

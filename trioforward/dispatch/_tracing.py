@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -238,16 +238,16 @@ class RequestTrace:
         span.set_attributes(facts)
         span.end()
 
-    @contextmanager
-    def adapter_load(self, engine: Engine, adapter: str) -> Iterator[None]:
-        """A ``trioforward.adapter_load`` span around waiting for ``adapter`` to load on ``engine``."""
+    async def adapter_load(self, engine: Engine, adapter: str, load: Awaitable[None]) -> None:
+        """``await load`` (waiting for ``adapter`` to load on ``engine``) in a
+        ``trioforward.adapter_load`` span."""
         span = self._tracing.tracer.start_span(
             SPAN_ADAPTER_LOAD,
             context=self._context,
             attributes={"trioforward.engine": engine.url, "trioforward.adapter": adapter},
         )
         try:
-            yield
+            await load
         except BaseException as exc:
             _failed(span, exc)
             raise
