@@ -176,3 +176,36 @@ async def test_a_continuation_after_a_weight_update_is_a_span_with_its_own_attem
     (queue,) = named(spans, "trioforward.queue")  # the continuation waited for the resume
     assert queue.parent.span_id == continuation.context.span_id  # type: ignore[union-attr]
     assert [parent_of(tp) for tp in engine.stats.traceparents] == [first.context.span_id, second.context.span_id]
+
+
+def test_an_attempt_names_its_span_as_parent_and_keeps_the_callers_tracestate() -> None:
+    from types import SimpleNamespace
+
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    from trioforward.dispatch._request import Request
+    from trioforward.dispatch._tracing import Tracing
+
+    provider = TracerProvider()
+    caller = SpanContext(
+        trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        span_id=0x00F067AA0BA902B7,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState([("vendor", "abc")]),
+    )
+    server = provider.get_tracer("t").start_span("server", context=otel.set_span_in_context(NonRecordingSpan(caller)))
+    sent = [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            (b"tracestate", b"vendor=abc"), (b"x-session-id", b"s1")]
+    req = Request("POST", COMPLETION, sent, b"{}", None, False, None)
+    trace = Tracing(provider).begin(req, server)
+    assert trace is not None and req.trace is trace
+    headers = trace.attempt(SimpleNamespace(url="http://127.0.0.1:1"), 1, req.headers)  # type: ignore[arg-type]
+    names = [name for name, _ in headers]
+    assert names.count(b"traceparent") == 1 and names.count(b"tracestate") == 1
+    values = dict(headers)
+    attempt_id = trace._attempt.get_span_context().span_id
+    assert values[b"traceparent"] == b"00-4bf92f3577b34da6a3ce929d0e0e4736-%016x-01" % attempt_id
+    assert values[b"tracestate"] == b"vendor=abc" and values[b"x-session-id"] == b"s1"
+    assert req.headers == sent  # the request's own headers are left as they were
+    provider.shutdown()
