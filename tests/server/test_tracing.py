@@ -64,7 +64,8 @@ async def test_one_request_is_a_server_span_in_the_clients_trace_with_its_attemp
             response = await client.post(
                 gw.url + "/v1/completions",
                 json=BODY,
-                headers={"traceparent": TRACEPARENT, "tracestate": "vendor=abc"},
+                headers={"traceparent": TRACEPARENT, "tracestate": "vendor=abc",
+                         "x-request-id": "rollout-7", "x-rollout-group": "g1"},
             )
         assert response.status_code == 200
         with trio.fail_after(20):
@@ -85,6 +86,11 @@ async def test_one_request_is_a_server_span_in_the_clients_trace_with_its_attemp
     assert server.attributes["trioforward.model"] == "sim-base"
     assert server.attributes["trioforward.attempts"] == 1
     assert server.attributes["trioforward.engine"] == engine.url
+    # The request id (echoed beside Server-Timing) and the rollout group.
+    assert response.headers["x-request-id"] == "rollout-7" and "server-timing" in response.headers
+    assert server.attributes["trioforward.request_id"] == "rollout-7"
+    assert server.attributes["trioforward.group"] == "g1"
+    assert attempt.attributes["trioforward.engine_request_id"].startswith("rollout-7")
     assert attempt.attributes["trioforward.engine"] == engine.url
     assert attempt.attributes["trioforward.outcome"] == "answered"
     assert attempt.attributes["trioforward.phase"] == "read_body"

@@ -294,7 +294,7 @@ class Dispatcher:
                 epoch = await self.loader.before_attempt(engine, model)
             trace = req.trace
             # Traced: the engine's traceparent names this attempt's span (_tracing.py).
-            sent = req.headers if trace is None else trace.attempt(engine, req.attempts, req.headers)
+            sent = req.headers if trace is None else trace.attempt(engine, req.attempts, req.headers, engine_id)
             sent = [*sent, (b"x-request-id", engine_id.encode())]
             body: StreamResponse | None = None
             try:

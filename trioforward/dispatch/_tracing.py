@@ -169,6 +169,13 @@ class RequestTrace:
         self._tracing = tracing
         self.owned = owned
         self.span = span
+        identity: dict[str, Any] = {}
+        if req.request_id:
+            identity["trioforward.request_id"] = req.request_id
+        if req.group is not None:
+            identity["trioforward.group"] = req.group
+        if identity:
+            span.set_attributes(identity)
         if req.model is not None:
             span.set_attribute("trioforward.model", req.model)
             if req.is_adapter:
@@ -199,8 +206,9 @@ class RequestTrace:
 
     # -- attempts -----------------------------------------------------------------
 
-    def attempt(self, engine: Engine, number: int, headers: Headers) -> Headers:
-        """An attempt on ``engine`` starts (``number`` from 1): returns the headers
+    def attempt(self, engine: Engine, number: int, headers: Headers, engine_id: str | None = None) -> Headers:
+        """An attempt on ``engine`` starts (``number`` from 1; ``engine_id``: the
+        request id it sends the engine): returns the headers
         to send, ``headers`` with the attempt span's ``traceparent`` (and the
         caller's ``tracestate``) in place of the caller's."""
         tracing = self._tracing
@@ -209,7 +217,11 @@ class RequestTrace:
             SPAN_ATTEMPT,
             context=self._context,
             kind=api.SpanKind.CLIENT,
-            attributes={"trioforward.engine": engine.url, "trioforward.attempt": number},
+            attributes={
+                "trioforward.engine": engine.url,
+                "trioforward.attempt": number,
+                "trioforward.engine_request_id": engine_id or "",
+            },
         )
         # W3C Trace Context §3.2 (version 00): trace id, parent id, flags, in hex.
         context = span.get_span_context()

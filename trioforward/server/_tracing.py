@@ -113,6 +113,10 @@ class GatewayTracing:
         """End a request's server span with what the client got (``log``)."""
         status = log.status
         facts: dict[str, Any] = {"http.response.status_code": status}
+        if log.request_id is not None:  # X-Request-Id (docs/server.md, "Request ids and rollout groups")
+            facts["trioforward.request_id"] = log.request_id
+        if log.group is not None:
+            facts["trioforward.group"] = log.group
         if log.version is not None:
             facts["trioforward.weight_version"] = log.version
         error = log.error or ("client_closed" if status == 499 else None)
