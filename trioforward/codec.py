@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-__all__ = ["Completion", "Choice", "decode_completion", "CodecError"]
+__all__ = ["Completion", "Choice", "decode_completion", "prompt_logprobs_array", "weight_spans", "CodecError"]
 
 _EMPTY_I32: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
 
@@ -110,6 +110,20 @@ def _spans(raw: Any, length: int, version: str | None) -> tuple[list[dict[str, A
     for i, span in enumerate(spans):
         out[int(span.get("start", 0)) : int(span.get("end", length))] = i
     return spans, out
+
+
+def weight_spans(
+    raw: Any, length: int, version: str | None
+) -> tuple[list[dict[str, Any]], npt.NDArray[np.int32]]:
+    """A choice's ``weight_versions`` from the engine's spans ``raw`` (one span under
+    ``version`` when it gave none) and each token's span index (``int32`` ``(length,)``)."""
+    return _spans(raw, length, version)
+
+
+def prompt_logprobs_array(entries: list[Any], prompt: list[int] | None) -> npt.NDArray[np.float32]:
+    """vLLM's ``prompt_logprobs`` list (``null``, then ``{token_id: {"logprob", ...}}``
+    per position) as ``float32`` ``(len(entries),)``, NaN where there is none."""
+    return _prompt_logprobs(entries, prompt)
 
 
 def decode_completion(

@@ -18,6 +18,7 @@ from trioforward.dispatch._adapters import AdapterRegistry
 from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._client import Client, open_client
 from trioforward.dispatch._engine_control import ENGINE_MODES
+from trioforward.dispatch._dialect import TokenRequest
 from trioforward.dispatch._engines import EngineInfo
 from trioforward.dispatch._kinds import KINDS as ENGINE_KINDS
 from trioforward.dispatch._forward_stream import ForwardStream
@@ -43,6 +44,7 @@ __all__ = [
     "AdapterRegistry",
     "ENGINE_MODES",
     "ENGINE_KINDS",
+    "TokenRequest",
     "EnginePause",
     "fleet_pause_args",
     "fleet_pause_value",

@@ -5,7 +5,7 @@ The gateway server is a thin layer over this same object.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,8 +17,10 @@ from trioforward._background import open_background_nursery
 from trioforward.codec import Completion
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
-from trioforward.dispatch._complete import completion_body, completion_of
+from trioforward.dispatch._complete import Rendering, completion_body, completion_of, token_request
 from trioforward.dispatch._continue import CONTINUABLE_PATH, ContinueCounts, ask_token_ids
+from trioforward.dispatch import _dialect_completions
+from trioforward.dispatch._dialect import TokenRequest
 from trioforward.dispatch._control import engine_models
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import EngineControl
@@ -263,6 +265,9 @@ class Client(PauseGate):
             method, path, json, content, headers, session, session_implied, request_id, group
         )
         req.on_dispatch = on_dispatch
+        return await self._answer(req)
+
+    async def _answer(self, req: Request) -> ForwardResponse:
         dispatcher = self._dispatcher
         if self._tracing is None:
             reply = await replaying_request(dispatcher, req)
@@ -329,7 +334,9 @@ class Client(PauseGate):
         group: str | None = None,
         **extra: Any,
     ) -> Completion:
-        """Sample ``n`` completions of token-id ``prompt`` with ``POST /v1/completions``.
+        """Sample ``n`` completions of token-id ``prompt`` (:meth:`sample`: ``POST
+        /v1/completions``, or the engine's own token route, docs/dispatch.md,
+        "Engine dialects").
 
         Returns a :class:`~trioforward.codec.Completion`: each choice's ``tokens`` is
         ``np.ndarray[int32]`` ``(len,)``, ``logprobs`` ``np.ndarray[float32]`` (or
@@ -342,7 +349,7 @@ class Client(PauseGate):
         ``return_token_ids`` in ``extra``. ``request_id`` and ``group`` as for
         :meth:`post`; the completion's ``.request_id`` is the request's id.
         """
-        body = completion_body(
+        args: dict[str, Any] = dict(
             model=model,
             prompt=prompt,
             max_tokens=max_tokens,
@@ -355,16 +362,78 @@ class Client(PauseGate):
             prompt_logprobs=prompt_logprobs,
             extra=extra,
         )
-        content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-        response = await self.post(
-            "/v1/completions",
-            json=body,
-            content=content,
+        content = orjson.dumps(completion_body(**args), option=orjson.OPT_SERIALIZE_NUMPY)
+        return await self.sample(
+            token_request(**args),
             session=session,
+            completions_body=content,
             request_id=request_id,
             group=group,
         )
-        return completion_of(response)
+
+    async def sample(
+        self,
+        request: TokenRequest,
+        *,
+        session: str | None = None,
+        session_implied: bool = False,
+        headers: HeaderInput = None,
+        completions_body: bytes | None = None,
+        request_id: str | None = None,
+        group: str | None = None,
+    ) -> Completion:
+        """Sample a token-level ``request`` on whichever engine routing picks, in
+        that engine's dialect (docs/dispatch.md, "Engine dialects"): SGLang
+        ``/generate``, vLLM ``/inference/v1/generate`` when served, else
+        ``/v1/completions`` with ``return_token_ids`` (``completions_body``: that
+        body already encoded, sent as is). Every attempt gets a fresh engine-side id.
+        Returns and raises as :meth:`complete`; ``session``, ``session_implied``
+        ``headers``, ``request_id`` and ``group`` as for :meth:`post`. ``request.extra`` goes to
+        ``/v1/completions`` engines only.
+        """
+        response, parse = await self.sample_response(
+            request,
+            session=session,
+            session_implied=session_implied,
+            headers=headers,
+            completions_body=completions_body,
+            request_id=request_id,
+            group=group,
+        )
+        return completion_of(response, parse)
+
+    async def sample_response(
+        self,
+        request: TokenRequest,
+        *,
+        session: str | None = None,
+        session_implied: bool = False,
+        headers: HeaderInput = None,
+        completions_body: bytes | None = None,
+        request_id: str | None = None,
+        group: str | None = None,
+    ) -> tuple[ForwardResponse, Callable[[bytes, str | None], Completion]]:
+        """As :meth:`sample`, but the engine's answer as it came, whatever its
+        status, with the function that decodes a 2xx body of it (the dialect of
+        the engine that answered; raises :class:`~trioforward.codec.CodecError`)."""
+        request.adapter = self.adapters.is_adapter(request.model)
+        if completions_body is None:
+            completions_body = _dialect_completions.render(request, "")[1]
+        rendering = Rendering(request, completions_body)
+        json = {"model": request.model, "prompt": request.prompt}
+        req = self._request(
+            "POST",
+            _dialect_completions.PATH,
+            json,
+            completions_body,
+            headers,
+            session,
+            session_implied,
+            request_id,
+            group,
+        )
+        req.render = rendering
+        return await self._answer(req), rendering.parse
 
     @property
     def continued(self) -> ContinueCounts:

@@ -1,6 +1,8 @@
-"""The typed completion call behind ``Client.complete`` (docs/embedding.md): the
-``/v1/completions`` body it sends and the :class:`~trioforward.codec.Completion`
-it makes of the answer.
+"""The typed completion call behind ``Client.complete`` and ``Client.sample``
+(docs/embedding.md): the :class:`~trioforward.dispatch._dialect.TokenRequest` it
+makes, rendered per attempt in the dialect of the engine it goes to
+(docs/dispatch.md, "Engine dialects"), and the
+:class:`~trioforward.codec.Completion` it makes of the answer.
 """
 
 from __future__ import annotations
@@ -9,11 +11,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from trioforward import Phase
+from collections.abc import Callable
+
 from trioforward.codec import Completion, decode_completion
+from trioforward.dispatch import _dialect_completions
+from trioforward.dispatch._dialect import Dialect, TokenRequest, dialect_for
+from trioforward.dispatch._engines import Engine
 from trioforward.dispatch._types import ForwardResponse
 from trioforward.errors import EngineRejected
 
-__all__ = ["completion_body", "completion_of"]
+__all__ = ["completion_body", "completion_of", "token_request", "Rendering"]
 
 # complete() sets these itself: a stream would not decode, and without token ids
 # every choice's token array would be empty.
@@ -63,7 +70,69 @@ def completion_body(
     return body
 
 
-def completion_of(response: ForwardResponse) -> Completion:
+def token_request(
+    *,
+    model: str,
+    prompt: Sequence[int] | Any,
+    max_tokens: int,
+    n: int,
+    temperature: float,
+    seed: int | None,
+    logprobs: bool,
+    stop: str | list[str] | None,
+    stop_token_ids: list[int] | None,
+    prompt_logprobs: int | None,
+    extra: dict[str, Any],
+) -> TokenRequest:
+    """``Client.complete``'s arguments as a :class:`TokenRequest` (raises
+    ``ValueError`` as :func:`completion_body`)."""
+    if wrong := _UNDECODABLE.intersection(extra):
+        raise ValueError(
+            f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()"
+        )
+    return TokenRequest(
+        model=model,
+        prompt=[int(t) for t in prompt],
+        max_tokens=max_tokens,
+        n=n,
+        temperature=temperature,
+        seed=seed,
+        stop=[stop] if isinstance(stop, str) else stop,
+        stop_token_ids=stop_token_ids,
+        logprobs=logprobs,
+        prompt_logprobs=bool(prompt_logprobs),
+        extra=dict(extra),
+    )
+
+
+class Rendering:
+    """The per-attempt body of one token-level request (``Request.render``): the
+    dialect of the engine the attempt goes to, with the attempt's engine-side id;
+    ``completions``: the ``/v1/completions`` body bytes when already made (sent
+    as they are to engines of that dialect). ``dialect``: the last one used."""
+
+    __slots__ = ("request", "completions", "dialect", "engine_id")
+
+    def __init__(self, request: TokenRequest, completions: bytes | None = None) -> None:
+        self.request = request
+        self.completions = completions
+        self.dialect: Dialect = _dialect_completions  # type: ignore[assignment]
+        self.engine_id: str | None = None
+
+    def __call__(self, engine: Engine, engine_id: str) -> tuple[str, bytes]:
+        dialect = self.dialect = dialect_for(engine)
+        if dialect is _dialect_completions and self.completions is not None:  # type: ignore[comparison-overlap]
+            return _dialect_completions.PATH, self.completions
+        self.engine_id = engine_id
+        return dialect.render(self.request, engine_id)
+
+    def parse(self, content: bytes, weight_version: str | None = None) -> Completion:
+        return self.dialect.parse(content, self.request, weight_version)
+
+
+def completion_of(
+    response: ForwardResponse, parse: Callable[[bytes, str | None], Completion] | None = None
+) -> Completion:
     """The :class:`Completion` of an engine answer to :func:`completion_body`, with
     the dispatch's engine, attempts and times. Raises :class:`EngineRejected` for
     a non-2xx answer and :class:`~trioforward.codec.CodecError` for a body that is
@@ -85,9 +154,12 @@ def completion_of(response: ForwardResponse) -> Completion:
         err.engine_time = response.engine_time
         err.request_id = response.request_id
         raise err
-    completion = decode_completion(
-        response.content, require_token_ids=True, weight_version=response.weight_version
-    )
+    if parse is None:
+        completion = decode_completion(
+            response.content, require_token_ids=True, weight_version=response.weight_version
+        )
+    else:
+        completion = parse(response.content, response.weight_version)
     completion.engine = response.engine
     completion.attempts = response.attempts
     completion.queue_time = response.queue_time

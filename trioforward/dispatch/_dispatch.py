@@ -275,6 +275,7 @@ class Dispatcher:
         ``body`` is open: the caller closes it."""
         pool = self.pool
         url = engine.url + req.url_path
+        body_sent = req.content
         model = req.model
         ids = self.ids
         while True:
@@ -283,6 +284,10 @@ class Dispatcher:
             # docs/server.md, "Request ids and rollout groups").
             engine_id = req.engine_request_id = ids.engine_id(req.request_id)
             req.engine_request_ids.append(engine_id)
+            if req.render is not None:  # a token-level request: this engine's dialect
+                path, body_sent = req.render(engine, engine_id)
+                url = engine.url + path
+                req.url_path = path  # what the last attempt was (continue reads it)
             if req.on_dispatch is not None:
                 req.on_dispatch(engine.url, req.attempts, req.queue_time)
             # CONNECT from here: waiting for an adapter load is part of getting the
@@ -303,7 +308,7 @@ class Dispatcher:
                         req.method,
                         url,
                         headers=sent,
-                        content=req.content,
+                        content=body_sent,
                         deadline=deadline,
                         read_timeout=self.read_timeout,
                         progress=req,
@@ -324,7 +329,7 @@ class Dispatcher:
                         req.method,
                         url,
                         headers=sent,
-                        content=req.content,
+                        content=body_sent,
                         deadline=deadline,
                         read_timeout=self.read_timeout,
                         progress=req,
@@ -379,8 +384,11 @@ class Dispatcher:
             if decision.fresh_connection:
                 pool.close_idle(engine.url)
             if decision.other_engine:
+                engines = self.registry.engines
+                if req.only is not None:
+                    engines = [e for e in engines if req.only(e)]
                 alternative = self.router.pick(
-                    self.registry.engines, session=req.session, avoid=engine, prefix=req.prefix
+                    engines, session=req.session, avoid=engine, prefix=req.prefix
                 )
                 if alternative is not None and alternative is not engine:
                     return None

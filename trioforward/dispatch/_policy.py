@@ -135,7 +135,9 @@ def parse_retry_after(value: bytes | None, now_epoch: float | None = None) -> fl
     return max(0.0, seconds)
 
 
-_MISSING_MARKERS = (b"does not exist", b"not found")
+# vLLM: "The model `NAME` does not exist."; SGLang's /generate: "Got LoRA adapter
+# that has never been loaded: NAME" (tokenizer_manager.py, 0.5.23).
+_MISSING_MARKERS = (b"does not exist", b"not found", b"never been loaded")
 
 
 def is_adapter_missing(status: int, body: bytes) -> bool:

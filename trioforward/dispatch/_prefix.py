@@ -100,6 +100,8 @@ def _render(body: dict[str, Any], prefix_tokens: int) -> tuple[bytes, bytes] | N
         data = b"".join(parts)
         return data, data[: prefix_tokens * _TEXT_BYTES_PER_TOKEN]
     prompt = body.get("prompt")
+    if prompt is None:  # the token routes: SGLang /generate, vLLM /inference/v1/generate
+        prompt = body.get("input_ids", body.get("token_ids"))
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str, np.ndarray)):
         prompt = prompt[0]  # a batch: its first prompt
     if isinstance(prompt, str):
@@ -139,10 +141,13 @@ def prefix_key(body: Any, prefix_tokens: int) -> PrefixKey | None:
     return PrefixKey(anchor, tuple(chain))
 
 
+_PROMPT_KEYS = frozenset({"prompt", "messages", "input_ids", "token_ids"})
+
+
 def request_prefix_key(json: Any, content: bytes, prefix_tokens: int) -> PrefixKey | None:
     """:func:`prefix_key` of a forwarded request: from ``json`` (the parsed body)
     when it holds the prompt, else from the body bytes ``content``."""
-    if not (isinstance(json, dict) and ("prompt" in json or "messages" in json)):
+    if not (isinstance(json, dict) and _PROMPT_KEYS.intersection(json)):
         try:
             json = orjson.loads(content) if content else None
         except orjson.JSONDecodeError:

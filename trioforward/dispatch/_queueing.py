@@ -52,9 +52,10 @@ async def acquire(
         engine = req.moved_to
         req.moved_to = None
         if engine is None or not engine.eligible:
-            engine = router.pick(
-                registry.engines, session=req.session, avoid=avoid, prefix=req.prefix
-            )
+            engines = registry.engines
+            if req.only is not None:
+                engines = [e for e in engines if req.only(e)]
+            engine = router.pick(engines, session=req.session, avoid=avoid, prefix=req.prefix)
         elif router.prefix is not None and req.prefix is not None:
             router.prefix.moved(req.prefix, engine)  # its next turn follows it
         if engine is None:
@@ -137,7 +138,12 @@ def conserve(router: Router, registry: Registry, engine: Engine) -> None:
     if donor is engine or not donor.waiters or engine.outstanding >= prefix.room(engines):
         return
     for req in reversed(donor.waiters):
-        if req.session is None and not req.rerouted and req.queue_scope is not None:
+        if (
+            req.session is None
+            and not req.rerouted
+            and req.queue_scope is not None
+            and (req.only is None or req.only(engine))
+        ):
             req.rerouted = True
             req.moved_to = engine
             req.queue_scope.cancel()

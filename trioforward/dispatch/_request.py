@@ -173,6 +173,8 @@ class Request:
         "group",
         "engine_request_id",
         "engine_request_ids",
+        "only",
+        "render",
     )
 
     def __init__(
@@ -230,6 +232,12 @@ class Request:
         self.group = group
         self.engine_request_id: str | None = None  # the current attempt's
         self.engine_request_ids: list[str] = []  # every attempt's, in order
+        # The dialect seam (_dialect.py): engines this request may go to (None:
+        # any), and the body of each attempt made for an engine (None: ``url_path``
+        # and ``content`` as they are) — a token-level request rendered in that
+        # engine's dialect with the attempt's engine-side id.
+        self.only: Callable[[Engine], bool] | None = None
+        self.render: Callable[[Engine, str], tuple[str, bytes]] | None = None
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""

@@ -71,7 +71,18 @@ class _Engines:
         return [object()]
 
 
-class ScriptedClient:
+class PostOnly:
+    """``sample_response`` of a test client made of ``post()``: the ``/v1/completions``
+    dialect (the job's ready body), decoded by the default decoder."""
+
+    async def sample_response(self, tokens: Any, *, completions_body: bytes, **kw: Any) -> Any:
+        answer = await self.post(  # type: ignore[attr-defined]
+            "/v1/completions", content=completions_body, json={"model": tokens.model}, **kw
+        )
+        return answer, None
+
+
+class ScriptedClient(PostOnly):
     """``post()`` answers like the simulated engine; ``gate`` (when set) holds every answer."""
 
     def __init__(self, settings: Settings) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import trio
 import trio.testing
-from _tinker_harness import ScriptedClient
+from _tinker_harness import PostOnly, ScriptedClient
 from tinker.proto.response_conv import deserialize_sample_response
 
 from trioforward._settings import Settings
@@ -53,7 +53,7 @@ async def test_at_most_limit_workers_and_fifo_completion() -> None:
         ]
 
 
-class _TimingOut:
+class _TimingOut(PostOnly):
     async def post(self, *args: object, **kwargs: object) -> object:
         raise DispatchTimeout("dispatch deadline passed")
 
@@ -65,7 +65,7 @@ async def test_gateway_failures_are_server_errors() -> None:
     assert doc["category"] == "server" and "DispatchTimeout" in doc["error"]
 
 
-class _TextOnly:
+class _TextOnly(PostOnly):
     """An engine that ignores ``return_token_ids``: a 200 answer with text only."""
 
     async def post(self, *args: object, **kwargs: object) -> object:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from trioforward.dispatch import TokenRequest
 from trioforward.server._errors import RequestError
 
 if TYPE_CHECKING:
@@ -56,7 +57,9 @@ class SamplingSession:
 
 @dataclass(slots=True)
 class SampleJob:
-    """One ``asample``, ready to forward: ``body`` is the engine JSON, encoded once."""
+    """One ``asample``, ready to forward: ``tokens`` the token-level request (sent in
+    the dialect of the engine it goes to, docs/dispatch.md, "Engine dialects"),
+    ``body`` its ``/v1/completions`` JSON, encoded once."""
 
     model: str
     body: bytes
@@ -67,6 +70,7 @@ class SampleJob:
     # X-Request-Id, else the future's id; the X-Rollout-Group header.
     request_id: str | None = None
     group: str | None = None
+    tokens: TokenRequest | None = None
 
 
 _TINKER = "tinker://"
@@ -267,7 +271,21 @@ def parse_sample(request: dict[str, Any], sampling_session: SamplingSession) -> 
         if last_n is not None and not 1 <= last_n < max(len(tokens), 2):
             raise BadRequest("prompt_logprobs_last_n must be between 1 and len(prompt) - 1")
     session = f"{sampling_session.sampler_id}:{request.get('seq_id')}"
-    return SampleJob(sampling_session.model, orjson.dumps(body), session, num_samples, last_n)
+    tokens = TokenRequest(
+        model=body["model"],
+        prompt=tokens,
+        max_tokens=body.get("max_tokens", 16),
+        n=num_samples,
+        temperature=body["temperature"],
+        top_p=body["top_p"],
+        top_k=body["top_k"],
+        seed=body.get("seed"),
+        stop=body.get("stop"),
+        stop_token_ids=body.get("stop_token_ids"),
+        ignore_eos=bool(body.get("ignore_eos")),
+        prompt_logprobs=bool(body.get("prompt_logprobs")),
+    )
+    return SampleJob(sampling_session.model, orjson.dumps(body), session, num_samples, last_n, tokens=tokens)
 
 
 def identify(job: SampleJob, future_id: str, call: Call) -> None:
@@ -282,3 +300,4 @@ def id_header(future_id: str, call: Call) -> tuple[tuple[bytes, bytes], ...]:
     """The ``X-Request-Id`` of an ``asample`` answer: the sample's request id."""
     request_id = call.log.request_id if b"x-request-id" in call.headers else future_id
     return ((b"x-request-id", (request_id or future_id).encode()),)
+

@@ -45,11 +45,17 @@ log = logging.getLogger("trioforward.tinker")
 _HEADERS_CT = ("Content-Type", "application/json")
 
 
-def encode_completion(body: bytes, job: SampleJob) -> tuple[bytes, str]:
-    """An engine's 2xx ``/v1/completions`` body -> ``(bytes, content type)`` for the SDK."""
+def encode_completion(
+    body: bytes, job: SampleJob, parse: Callable[[bytes], Any] | None = None
+) -> tuple[bytes, str]:
+    """An engine's 2xx answer -> ``(bytes, content type)`` for the SDK; ``parse``:
+    the decoder of the dialect the engine was asked in (default ``/v1/completions``)."""
     from trioforward.codec import decode_completion
 
-    completion = decode_completion(body, require_token_ids=True)  # a sample is its tokens
+    if parse is None:
+        completion = decode_completion(body, require_token_ids=True)  # a sample is its tokens
+    else:
+        completion = parse(body)
     choices = sorted(completion.choices, key=lambda c: c.index)
     if len(choices) != job.num_samples:
         # The SDK asserts one sequence per sample_sequence_id it was given.
@@ -102,16 +108,28 @@ async def run_sample(
     """
     from trioforward.errors import ShuttingDown, TrioforwardError
 
+    parse = None
     try:
-        response = await client.post(
-            "/v1/completions",
-            content=job.body,
-            json={"model": job.model},
-            headers=[("X-Session-ID", job.session), _HEADERS_CT],
-            session_implied=True,  # routing = "prefix" routes a sample by its prompt
-            request_id=job.request_id,
-            group=job.group,
-        )
+        if job.tokens is None:
+            response = await client.post(
+                "/v1/completions",
+                content=job.body,
+                json={"model": job.model},
+                headers=[("X-Session-ID", job.session), _HEADERS_CT],
+                session_implied=True,  # routing = "prefix" routes a sample by its prompt
+                request_id=job.request_id,
+                group=job.group,
+            )
+        else:  # in the dialect of the engine it goes to (docs/dispatch.md, "Engine dialects")
+            response, parse = await client.sample_response(
+                job.tokens,
+                session=job.session,
+                headers=[("X-Session-ID", job.session)],
+                session_implied=True,  # routing = "prefix" routes a sample by its prompt
+                completions_body=job.body,
+                request_id=job.request_id,
+                group=job.group,
+            )
     except TrioforwardError as err:
         if metrics is not None:
             metrics.observe(
@@ -136,7 +154,7 @@ async def run_sample(
         category = "user" if 400 <= status < 500 and status not in (408, 429) else "server"
         return encode_error(_engine_error_message(status, response.content), category), JSON, version
     try:
-        return (*encode_completion(response.content, job), version)
+        return (*encode_completion(response.content, job, parse), version)
     except Exception as err:
         log.warning("undecodable engine answer for %s: %s", job.session, err)
         return encode_error(f"undecodable engine answer: {err}", "server"), JSON, version
