@@ -265,9 +265,9 @@ class Client(PauseGate):
             method, path, json, content, headers, session, session_implied, request_id, group
         )
         req.on_dispatch = on_dispatch
-        return await self._answer(req)
+        return await self._answer(req, span)
 
-    async def _answer(self, req: Request) -> ForwardResponse:
+    async def _answer(self, req: Request, span: Any = None) -> ForwardResponse:
         dispatcher = self._dispatcher
         if self._tracing is None:
             reply = await replaying_request(dispatcher, req)
