@@ -177,7 +177,7 @@ class Front:
         if state is None:
             await respond(send, 503, _NOT_READY, extra=_RETRY_SOON)
             return
-        headers = {name: value for name, value in scope["headers"]}
+        headers = dict(scope["headers"])  # the last value of a repeated header
         log = Outcome(path, scope["method"])
         if state.tracing is not None and route.access_log:  # off: this test is all it costs
             log.span = state.tracing.request_span(scope["method"], path, headers)

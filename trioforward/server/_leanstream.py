@@ -229,14 +229,19 @@ class LeanStream:
         if kind == "http.response.start" and state is _REQUEST:
             status = int(message["status"])
             fixed = False
-            headers = []
+            headers: list[tuple[bytes, bytes]] = []
+            append = headers.append
             for name, value in message.get("headers", ()):
+                # Hypercorn's build_and_validate_headers, without the bytes() copies
+                # of what already is bytes (an app's headers nearly always are).
+                if type(name) is not bytes or type(value) is not bytes:
+                    name, value = bytes(name), bytes(value)
                 if name[0] == 58:  # b":"
                     raise ValueError("Pseudo headers are not valid")
-                name = bytes(name).strip()
-                if name.lower() == b"content-length":
+                name = name.strip()
+                if len(name) == 14 and name.lower() == b"content-length":
                     fixed = True
-                headers.append((name, bytes(value).strip()))
+                append((name, value.strip()))
             self.response = message
             self.suppress = suppress_body(self.scope["method"], status)
             data = self._serialize(self._head(status, headers))
