@@ -71,7 +71,7 @@ def openai_worker(base_url: str, model: str, tally: Tally, stop: threading.Event
             step += 1
             start = tally.now()
             try:
-                error = _openai_call(client, kind, model, step)
+                error = _openai_call(client, kind, model, step, tally)
             except openai.APIError as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 if kind == "openai stream" and getattr(exc, "code", None) == "aborted":
@@ -79,7 +79,7 @@ def openai_worker(base_url: str, model: str, tally: Tally, stop: threading.Event
                     # its first bytes: streams are never replayed, the client resubmits.
                     tally.note("streams resubmitted after the pause")
                     try:
-                        error = _openai_call(client, kind, model, step)
+                        error = _openai_call(client, kind, model, step, tally)
                     except Exception as again:
                         error = f"{type(again).__name__}: {again}"
             except Exception as exc:  # every SDK error is a failed request
@@ -89,12 +89,24 @@ def openai_worker(base_url: str, model: str, tally: Tally, stop: threading.Event
         client.close()
 
 
-def _openai_call(client: Any, kind: str, model: str, step: int) -> str | None:
+def _note_continued(tally: Tally, choices: list[dict[str, Any]]) -> None:
+    """Count answers a weight update continued (``weight_versions`` with more than
+    one span) and the tokens kept: decoded before the last update, not again."""
+    for choice in choices:
+        spans = choice.get("weight_versions") or []
+        if len(spans) > 1:
+            tally.note("answers continued")
+            tally.note("tokens kept by continuing", int(spans[-1]["start"]))
+
+
+def _openai_call(client: Any, kind: str, model: str, step: int, tally: Tally) -> str | None:
     if kind == "openai completions":
         result = client.completions.create(
             model=model, prompt=f"Question {step}: why is the sky blue?", max_tokens=MAX_TOKENS, seed=step
         )
-        return check_completion(result.model_dump())
+        body = result.model_dump()
+        _note_continued(tally, body["choices"])
+        return check_completion(body)
     if kind == "openai chat":
         result = client.chat.completions.create(
             model=model,
@@ -113,6 +125,7 @@ def _openai_call(client: Any, kind: str, model: str, step: int) -> str | None:
         chunks += 1
         for choice in chunk.choices:
             finish = choice.finish_reason or finish
+        _note_continued(tally, chunk.model_dump()["choices"])
     if finish not in ("stop", "length"):
         return f"stream ended after {chunks} chunks without a finish_reason"
     return None

@@ -3,7 +3,7 @@
 Timeline, as fractions of ``--duration`` (steady traffic runs throughout):
 
 ====== ==========================================================
-0.15   ``POST /admin/pause {"engine_mode": "abort", "replay": true}`` (weight update);
+0.15   ``POST /admin/pause {"engine_mode": "abort", "replay": "continue"}`` (weight update);
        ``POST /admin/resume {"weight_version": "step-1"}`` ~2 s later
 0.35   one simulated engine stops (listener closed), 0.55 restarts
 0.65   burst of ``--burst`` concurrent requests
@@ -257,11 +257,11 @@ async def _kill_restart(
 async def _pause_resume(
     http: httpx.AsyncClient, url: str, tally: Tally, fleet: Fleet, hold: float
 ) -> dict[str, Any]:
-    """A weight update: pause the engines (abort, replayed after resume), hold, resume
+    """A weight update: pause the engines (abort, continued after resume), hold, resume
     with a new weight version; report whether requests sent meanwhile waited, what
     the engines ended and the gateway replayed (docs/operations.md)."""
     start = tally.now()
-    body = {"engine_mode": "abort", "replay": True}
+    body = {"engine_mode": "abort", "replay": "continue"}
     response = await http.post(url + "/admin/pause", json=body)
     tally.record("admin", start, response.status_code == 200, f"pause: HTTP {response.status_code} {response.text[:200]}")
     pauses = response.json().get("engine_pauses", {}) if response.status_code == 200 else {}
@@ -332,6 +332,8 @@ def _report(
         pause = scenario["pause"]
         checks["pause held dispatch"] = bool(pause["held"])
         pause["streams_resubmitted"] = tally.events["streams resubmitted after the pause"]
+        pause["answers_continued"] = tally.events["answers continued"]
+        pause["tokens_kept"] = tally.events["tokens kept by continuing"]
         pause["answers_with_version"] = _version_count(metrics.text, pause["weight_version"])
     return {
         "mode": "simulated" if fleet.simulated else "external",

@@ -56,10 +56,10 @@ class Tally:
         """Seconds since the tally was created."""
         return time.monotonic() - self.t0
 
-    def note(self, event: str) -> None:
-        """Count one named event (e.g. a stream resubmitted after a pause ended it)."""
+    def note(self, event: str, count: int = 1) -> None:
+        """Count ``count`` of a named event (e.g. a stream resubmitted after a pause ended it)."""
         with self._lock:
-            self.events[event] += 1
+            self.events[event] += count
 
     def record(self, api: str, start: float, ok: bool, error: str | None = None, *, count: int = 1) -> None:
         """Record ``count`` requests of ``api`` that started at ``start`` (``now()`` clock)."""

@@ -28,8 +28,8 @@ from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._gating import PauseGate
 from trioforward.dispatch._health import health_loop
-from trioforward.dispatch._kinds import detect_loop, kind_setting
 from trioforward.dispatch._identity import check_id
+from trioforward.dispatch._kinds import detect_loop, kind_setting
 from trioforward.dispatch._prefix import request_prefix_key
 from trioforward.dispatch._replay import replaying_request, replaying_stream
 from trioforward.dispatch._request import (

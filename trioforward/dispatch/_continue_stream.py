@@ -192,6 +192,8 @@ def _parse(
                 base = {"text": "", "token_ids": [], "logprobs": choice.get("logprobs")}
                 prompt = choice.get("prompt_token_ids") or []
                 gen = gens[index] = Generation(base, prompt, req.weight_version)
+            if choice.get("token_ids") is None and choice.get("finish_reason") == "abort" and not choice.get("text"):
+                choice = {**choice, "token_ids": []}  # an abort event that adds nothing
             if not isinstance(choice.get("token_ids"), list):
                 warn_no_token_ids(counts, reply.engine.url)
                 raise req.stamp(

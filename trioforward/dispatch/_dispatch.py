@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import math
 import random
-from functools import partial
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 
 import trio
 

@@ -34,6 +34,7 @@ import trio
 
 from trioforward._h11 import h11
 from trioforward._listener import BurstListener
+from trioforward.sim import _sglang_lora
 from trioforward.sim._adapters import NOT_FOUND_DETAIL, Adapters
 from trioforward.sim._api import ApiError, Generation, complete_body, parse_generation
 from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
@@ -44,7 +45,6 @@ from trioforward.sim._prefix_cache import (
     cache_outputs,
     prefill_tokens,
 )
-from trioforward.sim import _sglang_lora
 from trioforward.sim._rl import RLControl, Run, answer_aborted, decoded_estimate
 from trioforward.sim._sglang_info import INFO_PATHS, serve_info
 from trioforward.sim._stats import EngineStats
@@ -382,7 +382,7 @@ class SimEngine(TimingModel):
             stats.running += 1
             stats.peak_running = max(stats.peak_running, stats.running)
             stats.changed()
-            samples = gen.samples()
+            samples = run.samples = gen.samples()
             await self._prefill(gen)
             run.decode_start = trio.current_time()
             if gen.stream:

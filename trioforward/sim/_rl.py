@@ -77,7 +77,7 @@ class Run:
     its decode time when aborted); ``version``: the weight version at its start.
     """
 
-    __slots__ = ("rid", "scope", "aborted", "decoded", "decode_start", "version")
+    __slots__ = ("rid", "scope", "aborted", "decoded", "decode_start", "version", "samples")
 
     def __init__(self, rid: str, version: str | None) -> None:
         self.rid = rid
@@ -86,6 +86,7 @@ class Run:
         self.decoded = 0
         self.decode_start: float | None = None
         self.version = version
+        self.samples: list[Any] | None = None  # generated once, kept for an abort answer
 
 
 class RLControl:
@@ -275,7 +276,7 @@ async def answer_aborted(
     (``token_ids: []`` with ``return_token_ids``), the usage chunk with
     ``stream_options.include_usage``, then ``[DONE]``.
     """
-    samples = gen.samples()
+    samples = run.samples if run.samples is not None else gen.samples()
     k = decoded_estimate(run, decode_ms_per_token, samples)
     cut = [
         s._replace(
