@@ -134,6 +134,12 @@ _SECONDS = click.FloatRange(min=0)
     show_default=True,
     help="The engine simulated: vLLM 0.32 in dev mode (/pause ...), SGLang's native API (/generate, /pause_generation ...), vLLM without dev mode (none) or a plain OpenAI-compatible server.",
 )
+@click.option(
+    "--enable-scale-out",
+    "scale_out",
+    is_flag=True,
+    help="A vLLM kind also serves POST /inference/v1/generate and /inference/v1/abort_requests (vLLM 0.32's flag).",
+)
 def sim_engine(
     host: str,
     port: int,
@@ -152,6 +158,7 @@ def sim_engine(
     prefix_cache_tokens: int,
     block_size: int,
     kind: str,
+    scale_out: bool,
 ) -> None:
     """Run a simulated vLLM-compatible engine (faults: POST /sim/faults; counters: GET /sim/stats)."""
     options = dict(
@@ -172,6 +179,7 @@ def sim_engine(
         prefix_cache_tokens=prefix_cache_tokens,
         block_size=block_size,
         kind=kind,
+        scale_out=scale_out,
     )
     if 0 < prefix_cache_tokens < block_size:
         raise click.BadParameter(

@@ -50,6 +50,7 @@ from trioforward.sim._sglang_info import INFO_PATHS, serve_info
 from trioforward.sim._stats import EngineStats
 from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
 from trioforward.sim._timing import TimingModel
+from trioforward.sim._token_routes import CONTROL_PATHS, serve_token_route, token_paths
 
 __all__ = ["SimEngine"]
 
@@ -95,6 +96,7 @@ class SimEngine(TimingModel):
         block_size: int = DEFAULT_BLOCK_SIZE,
         kind: str = "vllm",
         health_check_timeout: float = 20.0,
+        scale_out: bool = False,
     ) -> None:
         if capacity < 0:
             raise ValueError("capacity must be >= 0 (0 = unlimited)")
@@ -136,6 +138,11 @@ class SimEngine(TimingModel):
         self._stall_changed = trio.Event()
         self.rl = RLControl(kind, self.stats, self._wake_decoders)
         self.kind = kind
+        # The token route: SGLang's /generate, or vLLM's /inference/v1/generate
+        # (served only with --enable-scale-out, as vLLM 0.32).
+        self.scale_out = scale_out
+        self.token_paths = token_paths(kind, scale_out)
+        self.generation_paths = frozenset({*GENERATION_PATHS, *self.token_paths}) - CONTROL_PATHS
         self.adapters.owned_by = {"sglang": "sglang", "openai": "openai"}.get(kind, "vllm")
         # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT: how long /health waits while paused.
         self.health_check_timeout = health_check_timeout
@@ -243,6 +250,8 @@ class SimEngine(TimingModel):
         path, method = ex.path, request.method
         if ex.reject:
             return await self._reject(ex)
+        if path in self.token_paths:
+            return await serve_token_route(self, ex, method, request.headers, body)
         if path in self.generation_paths:
             if method != b"POST":
                 return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')

@@ -35,6 +35,7 @@ class EngineOptions(TypedDict, total=False):
     block_size: int
     kind: str
     health_check_timeout: float
+    scale_out: bool
 
 
 @asynccontextmanager
@@ -67,6 +68,8 @@ async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngi
       with nothing else; docs/sim.md, "Weight updates").
     - ``health_check_timeout``: ``"sglang"``: seconds ``/health`` waits while
       paused before answering 503 (SGLang's 20 s).
+    - ``scale_out``: a vLLM kind also serves ``POST /inference/v1/generate`` and
+      ``POST /inference/v1/abort_requests`` (vLLM 0.32's ``--enable-scale-out``).
 
     On exit every connection is closed and background work is cancelled.
     Raises ``OSError`` if the port cannot be bound.

@@ -190,3 +190,28 @@ async def test_sdk_compute_logprobs_last_n(sdk_loop: None, fd_baseline: int) -> 
         assert got[:-2] == [None] * (len(PROMPT) - 2)
         for i in (len(PROMPT) - 2, len(PROMPT) - 1):
             assert math.isclose(got[i], want[i][str(PROMPT[i])]["logprob"], rel_tol=1e-6)
+
+
+async def test_sdk_samples_on_sglang_and_on_a_mixed_fleet(sdk_loop: None, fd_baseline: int) -> None:
+    # The sampling session's engine body is SGLang's /generate on an SGLang engine
+    # (docs/dispatch.md, "Engine dialects"); the SDK cannot tell.
+    async with (
+        open_engine(port=0, kind="sglang") as sglang,
+        open_engine(port=0) as vllm,
+        real_gateway(sglang.url, vllm.url, routing="round-robin") as (url, app),
+    ):
+        client = app.extensions["trioforward"].client
+        with trio.fail_after(10):
+            for engine in (sglang, vllm):
+                await client.engines.wait_kind(engine.url)
+        for _ in range(2):
+            result = await trio.to_thread.run_sync(
+                functools.partial(
+                    sdk_sample, url, base_model="sim-base", prompt=PROMPT, num_samples=2, max_tokens=6, seed=4
+                )
+            )
+            for i, seq in enumerate(result.sequences):
+                want = sample("sim-base", PROMPT, 4, i, 6)
+                assert seq.tokens == want.tokens and seq.logprobs == want.logprobs
+        assert sglang.stats.by_path["/generate"] == 1 and completions(sglang) == 0
+        assert completions(vllm) == 1

@@ -1,0 +1,107 @@
+"""The sim's token routes: SGLang's /generate (kind "sglang") held to the SGLang
+reference (docs/compatibility.md, "SGLang engines") and vLLM's
+/inference/v1/generate (scale_out) to vLLM 0.32's token_in_token_out protocol."""
+
+from __future__ import annotations
+
+import orjson
+import trio
+import trio.testing
+from simclient import Reply, request
+
+from trioforward.sim import expected_completion, open_engine
+
+
+def events(reply: Reply) -> list[object]:
+    parts = [p for p in reply.body.split(b"\n\n") if p]
+    assert parts[-1] == b"data: [DONE]"
+    return [orjson.loads(p.removeprefix(b"data: ")) for p in parts[:-1]]
+
+
+async def test_sglang_generate_single_batch_and_n(fd_baseline: int) -> None:
+    async with open_engine(kind="sglang") as engine:
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}, "rid": "r1", "return_logprob": True}
+        one = (await request(engine, "POST", "/generate", body)).json()
+        tokens, logprobs, _ = expected_completion("sim-base", [1, 2, 3], None, 0, 3)
+        assert one["output_ids"] == tokens
+        meta = one["meta_info"]
+        assert meta["id"] == "r1" and meta["finish_reason"] == {"type": "length", "length": 3}
+        assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == 3
+        assert meta["output_token_logprobs"] == [[lp, t, None] for t, lp in zip(tokens, logprobs)]
+        assert meta["weight_version"] == "default"
+        assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
+        batch = {"input_ids": [[1, 2], [3]], "sampling_params": {"max_new_tokens": 2}, "rid": "b"}
+        items = (await request(engine, "POST", "/generate", batch)).json()
+        assert [i["meta_info"]["id"] for i in items] == ["b_0", "b_1"]
+        n2 = {"input_ids": [5], "sampling_params": {"max_new_tokens": 2, "n": 2, "sampling_seed": 7}}
+        samples = (await request(engine, "POST", "/generate", n2)).json()
+        assert len(samples) == 2 and len({s["meta_info"]["id"] for s in samples}) == 2
+        assert samples[1]["output_ids"] == expected_completion("sim-base", [5], 7, 1, 2)[0]
+
+
+async def test_sglang_generate_errors_have_its_shapes(fd_baseline: int) -> None:
+    async with open_engine(kind="sglang") as engine:
+        seed = await request(engine, "POST", "/generate", {"input_ids": [1], "sampling_params": {"seed": 1}})
+        assert seed.status == 400 and seed.json()["error"].startswith("unknown field `seed`")
+        kind = await request(engine, "POST", "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 2.5}})
+        assert kind.json() == {"error": "invalid type: floating point `2.5`, expected i64"}
+        empty = await request(engine, "POST", "/generate", {"input_ids": []})
+        assert empty.status == 400 and empty.json() == {"error": {"message": "input_ids cannot be empty."}}
+        lora = await request(engine, "POST", "/generate", {"input_ids": [1], "lora_path": "a9"})
+        assert "never been loaded: a9" in lora.json()["error"]["message"]
+        assert (await request(engine, "POST", "/abort_request", {"rid": "nobody"})).body == b""
+
+
+async def test_sglang_streams_are_cumulative(fd_baseline: int) -> None:
+    async with open_engine(kind="sglang") as engine:
+        body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}, "stream": True}
+        chunks = events(await request(engine, "POST", "/generate", body))
+        tokens = expected_completion("sim-base", [1, 2], None, 0, 3)[0]
+        assert [c["output_ids"] for c in chunks] == [tokens[:1], tokens[:2], tokens]  # type: ignore[index]
+        assert [c["meta_info"]["finish_reason"] for c in chunks][:2] == [None, None]  # type: ignore[index]
+
+
+async def test_sglang_abort_by_prefix_answers_the_tokens_so_far(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_engine(kind="sglang", decode_ms_per_token=100) as engine:
+        replies: list[Reply] = []
+
+        async def one() -> None:
+            body = {"input_ids": [1], "sampling_params": {"max_new_tokens": 50}, "rid": "abc123"}
+            replies.append(await request(engine, "POST", "/generate", body))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.55)
+            dup = await request(engine, "POST", "/generate", {"input_ids": [1], "rid": "abc123"})
+            assert dup.json() == {"error": {"message": "Duplicate request ID detected: abc123"}}
+            await request(engine, "POST", "/abort_request", {"rid": "abc"})
+        answer = replies[0].json()
+        assert answer["meta_info"]["finish_reason"]["type"] == "abort"
+        assert 0 < len(answer["output_ids"]) < 50
+
+
+async def test_vllm_token_route_only_with_scale_out(fd_baseline: int) -> None:
+    async with open_engine() as plain, open_engine(scale_out=True) as engine:
+        assert (await request(plain, "POST", "/inference/v1/generate", {})).status == 404
+        assert (await request(engine, "GET", "/inference/v1/generate")).status == 405
+        body = {"token_ids": [1, 2, 3], "request_id": "x", "sampling_params": {"max_tokens": 3, "logprobs": 1}}
+        answer = (await request(engine, "POST", "/inference/v1/generate", body)).json()
+        tokens, logprobs, _ = expected_completion("sim-base", [1, 2, 3], None, 0, 3)
+        assert answer["request_id"] == "generate-tokens-x" and answer["output_mode"] == "tokens"
+        choice = answer["choices"][0]
+        assert choice["token_ids"] == tokens and choice["finish_reason"] == "length"
+        assert [c["logprob"] for c in choice["logprobs"]["content"]] == logprobs
+        assert choice["weight_versions"] is None  # no version set yet
+        await request(engine, "POST", "/update_weight_version", {"new_version": "v1"})
+        choice = (await request(engine, "POST", "/inference/v1/generate", body)).json()["choices"][0]
+        assert choice["weight_versions"] == [{"version": "v1", "start": 0, "end": 3}]
+        bad = await request(engine, "POST", "/inference/v1/generate", {"token_ids": [], "sampling_params": {}})
+        assert bad.status == 400 and bad.json()["error"]["param"] == "body.token_ids"
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        chunks = events(await request(engine, "POST", "/inference/v1/generate", stream))
+        deltas = [c["choices"][0]["token_ids"] for c in chunks[:-1]]  # type: ignore[index]
+        assert sum(deltas, []) == tokens and chunks[-1]["usage"]["completion_tokens"] == 3  # type: ignore[index]
+        assert (await request(engine, "POST", "/inference/v1/abort_requests", {})).status == 400
