@@ -294,6 +294,9 @@ async def test_embedded_complete_carries_spans_and_token_versions(
         assert choice.token_versions.dtype == np.int32
         assert choice.token_versions.tolist() == [0] * 4 + [1] * 6
         assert [s["version"] for s in choice.weight_versions] == ["v1", "v2"]
+        from trioforward.sim import render_text
+
+        assert choice.text == render_text(tokens) and out[0].attempts == 2
 
 
 def sse(body: bytes) -> list[Any]:

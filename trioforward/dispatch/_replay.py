@@ -17,6 +17,7 @@ from trioforward.dispatch._continue import (
     hide_token_ids,
     spanned,
 )
+from trioforward.dispatch._continue_tokens import aborted_tokens, continued_tokens
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
@@ -47,12 +48,19 @@ async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
             if not req.replay:
                 raise
         else:
-            if req.replay is None or not is_abort_answer(reply.content):
+            if req.replay is None:
+                return _shown(req, reply, crossed)
+            # A token-level request is read by its engine's dialect (_continue_tokens).
+            tokens = aborted_tokens(req, reply) if req.render is not None else None
+            if tokens is None and (req.render is not None or not is_abort_answer(reply.content)):
                 return _shown(req, reply, crossed)
             if not req.replay:
                 raise req.stamp(req.aborted()) from None
             if req.replay == CONTINUE:
-                joined = await continued_answer(dispatcher, req, reply)
+                if tokens is not None:
+                    joined = await continued_tokens(dispatcher, req, reply, tokens)
+                else:
+                    joined = await continued_answer(dispatcher, req, reply)
                 if joined is not None:
                     return joined
         crossed = crossed or req.replay == CONTINUE
@@ -65,7 +73,7 @@ def _shown(req: Request, reply: Reply, crossed: bool) -> Reply:
     """``reply`` as its caller asked for it: without the token ids the gateway asked
     for; with its ``weight_versions`` span if it ``crossed`` a continue pause."""
     if 200 <= reply.status < 300:
-        if crossed and req.url_path == CONTINUABLE_PATH:
+        if crossed and req.url_path == CONTINUABLE_PATH and req.render is None:
             reply.content = spanned(reply.content, req.weight_version, not req.asked_ids)
         elif req.asked_ids:
             reply.content = hide_token_ids(reply.content)
