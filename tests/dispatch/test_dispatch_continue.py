@@ -314,11 +314,19 @@ async def stream_into(client: Any, out: list[bytes], payload: dict[str, Any]) ->
         out.append(b"".join([chunk async for chunk in fs.aiter_bytes()]))
 
 
-@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize(("n", "fold"), [(1, False), (2, False), (2, True)])
 async def test_a_stream_continued_across_the_update_is_one_valid_stream(
-    fd_baseline: int, autojump_clock: trio.testing.MockClock, n: int
+    fd_baseline: int,
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    n: int,
+    fold: bool,
 ) -> None:
+    from trioforward.dispatch import _continue_stream
     from trioforward.sim import render_text
+
+    if fold:  # the relayed events are folded into token lists as they come
+        monkeypatch.setattr(_continue_stream, "FOLD_BYTES", 300)
 
     async with (
         open_engine(decode_ms_per_token=100) as engine,

@@ -6,7 +6,7 @@ relayed as they come until the engine's abort events (``finish_reason:
 "abort"``), which are held back with the usage chunk and ``[DONE]``; the
 dispatch gives its engine capacity back at once (``reply.release()``), the
 aborted choices are continued after the resume as a whole completion does
-(:func:`._continue.continue_choice`), and each continued choice's new tokens go
+(:func:`._continue_answer.continue_choice`), and each continued choice's new tokens go
 out as one event (``index`` kept, ``text_offset`` carried on, ``weight_versions``
 spans on it), then the usage chunk (``stream_options.include_usage``) and
 ``[DONE]``.
@@ -25,10 +25,10 @@ from trioforward.dispatch._continue import (
     CONTINUE,
     DEFAULT_MAX_TOKENS,
     Generation,
-    continue_choice,
     hide_token_ids,
     warn_no_token_ids,
 )
+from trioforward.dispatch._continue_answer import continue_choice
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
 from trioforward.errors import DispatchAborted, TrioforwardError
@@ -75,7 +75,7 @@ async def continuing_events(
     events only, token ids hidden when the gateway asked for them, and continued
     past an abort pause with ``replay="continue"``. Raises the dispatch errors of a
     continuation, :class:`DispatchAborted` when it cannot be continued."""
-    seen: list[bytes] = []  # events relayed, parsed only if the stream is continued
+    seen = _Seen(req)  # events relayed: kept, folded into token lists past FOLD_BYTES
     held: list[bytes] = []
     partial = b""
     async for chunk in source:
@@ -95,7 +95,7 @@ async def continuing_events(
             held.extend(events[first:])
             if not block:
                 continue
-        seen.append(block)
+        seen.add(block)
         yield hide_token_ids(block) if req.asked_ids else block
     if not held:
         if partial:
@@ -107,16 +107,26 @@ async def continuing_events(
 
 
 async def _continued(
-    dispatcher: Dispatcher, req: Request, reply: Reply, seen: list[bytes], held: list[bytes]
+    dispatcher: Dispatcher, req: Request, reply: Reply, seen: _Seen, held: list[bytes]
 ) -> AsyncIterator[bytes]:
     counts = dispatcher.continued
-    gens: dict[int, Generation] = {}
-    head: dict[str, Any] = {}
-    usage: list[dict[str, Any]] = []
-    _parse(seen, gens, head, usage, req, reply, counts)
+    seen.fold()
+    if seen.broken:
+        warn_no_token_ids(counts, reply.engine.url)
+        raise req.stamp(
+            DispatchAborted(
+                "an abort pause ended this stream and the engine sent no token ids:"
+                " it cannot be continued",
+                phase=req.phase,
+            )
+        )
+    gens, head, usage = seen.gens, seen.head, seen.usage
     for g in gens.values():
         g.mark()  # what the caller has: the continuation's event starts here
-    _parse(held, gens, head, usage, req, reply, counts)
+    if not _parse(held, gens, head, usage, req):
+        seen.broken = True
+        warn_no_token_ids(counts, reply.engine.url)
+        raise req.stamp(DispatchAborted("the engine's abort events carry no token ids", phase=req.phase))
     aborted = {i: g for i, g in gens.items() if g.finish == "abort"}
     if any(not g.prompt for g in aborted.values()):
         warn_no_token_ids(counts, reply.engine.url)
@@ -167,16 +177,49 @@ async def _continued(
     yield b"".join(out)
 
 
+#: Bytes of relayed events a stream keeps before folding them into token lists
+#: (what a continuation needs), so a long stream's memory stays bounded.
+FOLD_BYTES = 1 << 20
+
+
+class _Seen:
+    """The events a stream relayed: raw until :data:`FOLD_BYTES`, then parsed into
+    per-choice :class:`Generation` state (``broken``: a chunk had no token ids)."""
+
+    __slots__ = ("req", "blocks", "size", "gens", "head", "usage", "broken")
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.blocks: list[bytes] = []
+        self.size = 0
+        self.gens: dict[int, Generation] = {}
+        self.head: dict[str, Any] = {}
+        self.usage: list[dict[str, Any]] = []
+        self.broken = False
+
+    def add(self, block: bytes) -> None:
+        if self.broken:
+            return
+        self.blocks.append(block)
+        self.size += len(block)
+        if self.size > FOLD_BYTES:
+            self.fold()
+
+    def fold(self) -> None:
+        if self.blocks and not self.broken:
+            self.broken = not _parse(self.blocks, self.gens, self.head, self.usage, self.req)
+        self.blocks, self.size = [], 0
+
+
 def _parse(
     events: list[bytes],
     gens: dict[int, Generation],
     head: dict[str, Any],
     usage: list[dict[str, Any]],
     req: Request,
-    reply: Reply,
-    counts: Any,
-) -> None:
-    """Add the choices' deltas of ``events`` to ``gens`` (by choice index)."""
+) -> bool:
+    """Add the choices' deltas of ``events`` to ``gens`` (by choice index); False
+    when a chunk carries no token ids (the stream cannot be continued)."""
     for event in _split(b"".join(events)):
         doc = _payload(event)
         if not isinstance(doc, dict):
@@ -192,15 +235,10 @@ def _parse(
                 base = {"text": "", "token_ids": [], "logprobs": choice.get("logprobs")}
                 prompt = choice.get("prompt_token_ids") or []
                 gen = gens[index] = Generation(base, prompt, req.weight_version)
-            if choice.get("token_ids") is None and choice.get("finish_reason") == "abort" and not choice.get("text"):
+            ids = choice.get("token_ids")
+            if ids is None and choice.get("finish_reason") == "abort" and not choice.get("text"):
                 choice = {**choice, "token_ids": []}  # an abort event that adds nothing
-            if not isinstance(choice.get("token_ids"), list):
-                warn_no_token_ids(counts, reply.engine.url)
-                raise req.stamp(
-                    DispatchAborted(
-                        "an abort pause ended this stream and the engine sent no token ids:"
-                        " it cannot be continued",
-                        phase=req.phase,
-                    )
-                )
+            elif not isinstance(ids, list):
+                return False
             gen.add(choice, req.weight_version, shift=False)
+    return True

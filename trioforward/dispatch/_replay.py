@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager
 from trioforward.dispatch._continue import (
     CONTINUABLE_PATH,
     CONTINUE,
-    continued_answer,
     hide_token_ids,
     spanned,
 )
+from trioforward.dispatch._continue_answer import continued_answer
 from trioforward.dispatch._continue_tokens import aborted_tokens, continued_tokens
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._outcome import Reply
