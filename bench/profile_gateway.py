@@ -116,7 +116,7 @@ def _syscall(frame: str) -> bool:
     C call is charged to the line that made it)."""
     where = frame[frame.rfind("(") + 1:-1]
     path, _, line = where.rpartition(":")
-    if not line.isdigit():
+    if not line.isdigit() or "\x00" in path:  # a frame py-spy read torn (--nonblocking)
         return False
     text = linecache.getline(path, int(line))
     return any(call in text for call in ("_read(", "_write(", "os.read(", "os.write(", ".poll("))
