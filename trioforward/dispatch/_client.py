@@ -256,15 +256,20 @@ class Client(PauseGate):
         span: Any = None,
         request_id: str | None = None,
         group: str | None = None,
+        only: Callable[[Engine], bool] | None = None,
+        render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
     ) -> ForwardResponse:
         """As :meth:`post`, with any method (``GET /v1/models`` ...). ``span``: the
         caller's own OpenTelemetry span for this request (the gateway's server
         span), under which the dispatch spans go when the client traces; the
-        caller ends it."""
+        caller ends it. ``only(engine)``: the engines it may go to (None: any);
+        ``render(engine, engine_id) -> (path, body)``: each attempt's body (None:
+        ``content`` as it is; docs/dispatch.md, "Engine dialects")."""
         req = self._request(
             method, path, json, content, headers, session, session_implied, request_id, group
         )
         req.on_dispatch = on_dispatch
+        req.only, req.render = only, render
         return await self._answer(req, span)
 
     async def _answer(self, req: Request, span: Any = None) -> ForwardResponse:
@@ -300,16 +305,19 @@ class Client(PauseGate):
         span: Any = None,
         request_id: str | None = None,
         group: str | None = None,
+        only: Callable[[Engine], bool] | None = None,
+        render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
     ) -> AsyncIterator[ForwardStream]:
         """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
         body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
         exits; leaving before the end closes the upstream connection (the engine aborts).
-        ``span`` as for :meth:`request`; the spans end when the block exits.
+        ``span`` and ``only`` as for :meth:`request`; the spans end when the block exits.
         """
         req = self._request(
             method, path, json, content, headers, session, request_id=request_id, group=group
         )
         req.on_dispatch = on_dispatch
+        req.only, req.render = only, render
         replies = replaying_stream(self._dispatcher, req)
         if self._tracing is not None:
             replies = self._tracing.stream(req, span, replies)

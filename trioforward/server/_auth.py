@@ -1,6 +1,7 @@
 """Who may call what: client API keys and the admin token (docs/server.md, "Authentication").
 
-- ``/v1/*`` (OpenAI API): ``Authorization: Bearer <key>`` with a key from ``api_keys``.
+- ``/v1/*`` (OpenAI API) and the token routes ``/generate``, ``/inference/v1/generate``:
+  ``Authorization: Bearer <key>`` with a key from ``api_keys``.
 - ``/api/v1/*`` (Tinker API): ``X-API-Key: <key>`` (what the tinker SDK sends);
   a Bearer key is accepted too.
 - ``/admin/*``: ``Authorization: Bearer <admin_token>``.
@@ -37,12 +38,15 @@ def _bearer(value: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
+_TOKEN_ROUTES = frozenset({"/generate", "/inference/v1/generate"})
+
+
 def check_auth(settings: Settings, path: str, header: Callable[[str], str | None]) -> None:
     """Raises :class:`RequestError` (401) unless the request may use ``path``.
 
     ``header(name)`` returns a request header (lower-case name) or ``None``.
     """
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or path in _TOKEN_ROUTES:
         if settings.api_keys and not _matches(_bearer(header("authorization")), settings.api_keys):
             raise _unauthorized("a valid API key is required: Authorization: Bearer <key>")
     elif path.startswith("/api/v1/"):

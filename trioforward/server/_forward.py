@@ -18,20 +18,24 @@ body (:mod:`._validate`) and forwards it with the dispatch client.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 import trio
 
-from trioforward.errors import EngineRejected, TrioforwardError
+from trioforward import Phase
+from trioforward.errors import EngineRejected, TrioforwardError, UpstreamBroken
 from trioforward.server._asgi import Call, Outcome, Route, Send, respond, send_start
 from trioforward.server._errors import dispatch_error_body, dispatch_error_headers, passed_on
 from trioforward.server._state import GatewayState
 from trioforward.server._timing import server_timing
 from trioforward.server._validate import validate_chat, validate_completion
 
-__all__ = ["ROUTES"]
+__all__ = ["ROUTES", "FORWARDED", "forward", "relay_stream"]
+# Longest SSE event held while waiting for its end (an SGLang stream repeats the
+# whole output in each event): beyond, the stream ends with an error event.
+MAX_EVENT_BYTES = 16 << 20
 
 _VALIDATE = {
     "/v1/completions": validate_completion,
@@ -40,7 +44,7 @@ _VALIDATE = {
 # Request headers worth passing to the engine; everything else (the client's API
 # key above all) stays at the gateway. X-Request-Id goes too, but as each
 # attempt's engine-side id (docs/server.md, "Request ids and rollout groups").
-_FORWARDED = frozenset({b"x-session-id", b"traceparent", b"tracestate"})
+FORWARDED = _FORWARDED = frozenset({b"x-session-id", b"traceparent", b"tracestate"})
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 # The weight version that produced an answer (docs/operations.md, "Weight versions").
 _VERSION = b"x-weight-version"
@@ -71,9 +75,15 @@ ROUTES = {
 
 
 async def _forward(
-    state: GatewayState, path: str, call: dict[str, Any], send: Send, log: Outcome
+    state: GatewayState,
+    path: str,
+    call: dict[str, Any],
+    send: Send,
+    log: Outcome,
+    transform: Callable[[bytes], bytes] | None = None,
 ) -> None:
-    """A non-streaming forward; ``call``: keyword arguments of ``Client.request``."""
+    """A non-streaming forward; ``call``: keyword arguments of ``Client.request``;
+    ``transform``: applied to a 2xx body (the token routes put the caller's id back)."""
     started = trio.current_time()
     try:
         # Not .post: one frame less in the await chain (see Front.__call__ in _asgi.py).
@@ -91,13 +101,22 @@ async def _forward(
     version = log.version = response.weight_version
     if version is not None:
         extra = (*extra, (_VERSION, version.encode()))
-    await respond(send, response.status, response.content, _content_type(response.headers), extra)
+    content = response.content
+    if transform is not None and 200 <= response.status < 300:
+        content = transform(content)
+    await respond(send, response.status, content, _content_type(response.headers), extra)
 
 
 async def _relay_stream(
-    state: GatewayState, path: str, call: dict[str, Any], send: Send, log: Outcome
+    state: GatewayState,
+    path: str,
+    call: dict[str, Any],
+    send: Send,
+    log: Outcome,
+    transform: Callable[[bytes], bytes] | None = None,
 ) -> None:
-    """A streamed forward, relayed chunk by chunk; ``call`` as for :func:`_forward`.
+    """A streamed forward, relayed chunk by chunk; ``call`` and ``transform`` (applied
+    to whole events) as for :func:`_forward`.
 
     Once the 200 head has gone out the body always ends well-formed, whatever
     ends the stream (engine closed or broke it, deadline, ``read_timeout``, pause
@@ -139,10 +158,14 @@ async def _relay_stream(
                     chunk = partial + chunk
                 end = _events_end(chunk)
                 partial = chunk[end:]
-                if end:
-                    await send(
-                        {"type": "http.response.body", "body": chunk[:end], "more_body": True}
+                if len(partial) > MAX_EVENT_BYTES:
+                    raise UpstreamBroken(
+                        f"an event of the engine's stream is over {MAX_EVENT_BYTES} bytes",
+                        phase=Phase.READ_BODY,
                     )
+                if end:
+                    events = chunk[:end] if transform is None else transform(chunk[:end])
+                    await send({"type": "http.response.body", "body": events, "more_body": True})
             log.complete = True
             # The engine ended its stream cleanly: whatever it sent last is its own.
             await send({"type": "http.response.body", "body": partial, "more_body": False})
@@ -193,3 +216,7 @@ def _content_type(headers: list[tuple[bytes, bytes]]) -> bytes:
         if key == b"content-type":
             return value
     return b"application/json"
+
+
+forward = _forward  # the token routes' (_native.py)
+relay_stream = _relay_stream
