@@ -15,6 +15,7 @@ import trio
 from trioforward import Settings
 from trioforward._background import open_background_nursery
 from trioforward.codec import Completion
+from trioforward.dispatch._abort import AbortCounts, Aborts, aborted_response
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._complete import Rendering, completion_body, completion_of, token_request
@@ -43,7 +44,7 @@ from trioforward.dispatch._routing import stable_hash
 from trioforward.dispatch._tracing import Tracing, tracing_for
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.dispatch._weights import WeightUpdates, version_label
-from trioforward.errors import TrioforwardError
+from trioforward.errors import DispatchAborted, TrioforwardError
 from trioforward.http import ConnectionPool, open_pool
 
 __all__ = ["Client", "open_client"]
@@ -89,6 +90,7 @@ class Client(PauseGate):
             self._registry.by_url.get,
         )
         self.weights = WeightUpdates(self._registry, self._dispatcher, control)
+        self.aborts = Aborts(control, settings.abort_grace)
         self._session_routing = settings.routing in ("session", "prefix")
         self._prefix_routing = settings.routing == "prefix"
         self.engines = Engines(self._registry, self._engine_added)
@@ -274,10 +276,19 @@ class Client(PauseGate):
 
     async def _answer(self, req: Request, span: Any = None) -> ForwardResponse:
         dispatcher = self._dispatcher
-        if self._tracing is None:
-            reply = await replaying_request(dispatcher, req)
-        else:
-            reply = await self._tracing.request(req, span, replaying_request(dispatcher, req))
+        aborts = self.aborts
+        aborts.enter(req)  # an abort call finds it by id and group (_abort.py)
+        try:
+            if self._tracing is None:
+                reply = await replaying_request(dispatcher, req)
+            else:
+                reply = await self._tracing.request(req, span, replaying_request(dispatcher, req))
+        except DispatchAborted:
+            if not req.aborted_by_call:
+                raise
+            return aborted_response(req, dispatcher.weight_version)
+        finally:
+            aborts.leave(req)
         return ForwardResponse(
             reply.status,
             strip_response_headers(reply.headers),
@@ -321,8 +332,44 @@ class Client(PauseGate):
         replies = replaying_stream(self._dispatcher, req)
         if self._tracing is not None:
             replies = self._tracing.stream(req, span, replies)
-        async with replies as reply:
-            yield ForwardStream(req, reply, self._dispatcher)
+        aborts = self.aborts
+        aborts.enter(req)
+        try:
+            try:
+                async with replies as reply:
+                    req.stream_body = reply.body  # an abort call may cut it (_abort.py)
+                    yield ForwardStream(req, reply, self._dispatcher)
+                    return
+            except DispatchAborted:
+                if not req.aborted_by_call or req.handed_over:
+                    raise
+            # Aborted by an abort call before its head: the whole stream is its end.
+            yield ForwardStream(req, None)
+        finally:
+            aborts.leave(req)
+
+    async def abort(
+        self,
+        *,
+        group: str | None = None,
+        request_ids: Sequence[str] | None = None,
+        all: bool = False,
+    ) -> AbortCounts:
+        """Abort this client's requests of rollout ``group``, those named by
+        ``request_ids``, or ``all`` of them (docs/operations.md, "Over-sampling:
+        cancelling a round's stragglers"): queued ones never reach an engine;
+        ones on an engine are aborted there; each caller gets a normal answer with
+        what was generated so far and ``finish_reason: "abort"``, never replayed.
+        Returns :class:`AbortCounts` (``queued``, ``on_engine``, ``finished``)
+        once they are answered; unknown ids and groups count 0. Raises
+        ``ValueError`` when none of the three is given, or ``all`` with another."""
+        if all and (group is not None or request_ids is not None):
+            raise ValueError("abort: 'all' aborts everything; give it alone")
+        if not all and group is None and request_ids is None:
+            raise ValueError("abort: give group, request_ids or all=True")
+        if isinstance(request_ids, str):
+            raise ValueError("abort: request_ids is a list of ids, not one string")
+        return await self.aborts.abort(request_ids=request_ids, group=group, every=all)
 
     async def complete(
         self,

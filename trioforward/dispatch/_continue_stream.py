@@ -98,7 +98,7 @@ async def continuing_events(
         seen.add(block)
         yield hide_token_ids(block) if req.asked_ids else block
     if not held:
-        if partial:
+        if partial and not req.aborted_by_call:  # an abort call's cut: dropped
             yield partial  # the engine ended it so: its own
         return
     reply.release()  # the engine ended it: its capacity goes back before the resume

@@ -128,6 +128,36 @@ class EngineControl:
             body = {"new_version": version, "abort_all_requests": False}
             await self._expect(url, "POST", "/update_weight_version", body)
 
+    async def abort_requests(self, url: str, kind: str, engine_ids: list[str]) -> None:
+        """Ask the engine to end the named generations, each answering with what it
+        decoded so far and ``finish_reason: "abort"`` (docs/operations.md,
+        "Over-sampling: cancelling a round's stragglers"). ``engine_ids``: the ids
+        as the engine names them. vLLM dev mode: ``POST /abort_requests
+        {"request_ids"}`` (external ids; unknown ones are ignored,
+        ``vllm/entrypoints/rl/online/api_router.py``); a vLLM serving the token
+        route: ``POST /inference/v1/abort_requests`` (the same engine call,
+        ``scale_out/token_in_token_out/api_router.py``); SGLang: ``POST
+        /abort_request {"rid"}`` per id (200, empty, for unknown ones too).
+        Raises :class:`EngineControlError` when the engine has none of them."""
+        engine = self._engine(url)
+        token_route = engine is not None and engine.kind == "vllm" and bool(engine.token_route)
+        body = {"request_ids": engine_ids}
+        if kind == "vllm":
+            try:
+                await self._expect(url, "POST", "/abort_requests", body)
+                return
+            except EngineControlError:
+                if not token_route:
+                    raise
+        if token_route:
+            await self._expect(url, "POST", "/inference/v1/abort_requests", body)
+        elif kind == "sglang":
+            async with trio.open_nursery() as nursery:
+                for rid in engine_ids:
+                    nursery.start_soon(self._expect, url, "POST", "/abort_request", {"rid": rid})
+        else:
+            raise EngineControlError(f"engine {url} has no abort route", engine=url)
+
     async def _expect(
         self, url: str, method: str, path: str, json: Any, seconds: float | None = None
     ) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from trioforward import Phase
+from trioforward.dispatch._abort_answer import abort_tail
 from trioforward.dispatch._continue import CONTINUABLE_PATH
 from trioforward.dispatch._continue_stream import continuing_events
 from trioforward.dispatch._outcome import Reply, gateway_error
@@ -41,15 +42,26 @@ class ForwardStream:
         "retries",
         "weight_version",
         "request_id",
+        "cut",
         "_req",
         "_reply",
         "_dispatcher",
     )
 
-    def __init__(self, req: Request, reply: Reply, dispatcher: Dispatcher | None = None) -> None:
-        self.status = reply.status
-        self.headers = strip_response_headers(reply.headers)
-        self.engine = reply.engine.url
+    def __init__(
+        self, req: Request, reply: Reply | None, dispatcher: Dispatcher | None = None
+    ) -> None:
+        """``reply`` ``None``: ``req`` was aborted by an abort call before any engine
+        answered: a 200 SSE stream that is only the abort tail (docs/operations.md,
+        "Over-sampling: cancelling a round's stragglers")."""
+        if reply is None:
+            self.status = 200
+            self.headers = [(b"content-type", b"text/event-stream")]
+            self.engine = req.engine_url or ""
+        else:
+            self.status = reply.status
+            self.headers = strip_response_headers(reply.headers)
+            self.engine = reply.engine.url
         self.attempts = req.attempts
         self.queue_time = req.queue_time
         self.retries = tuple(req.retries) if req.retries else ()
@@ -58,6 +70,9 @@ class ForwardStream:
         self._req = req
         self._reply = reply
         self._dispatcher = dispatcher  # continues a /v1/completions stream (docs/operations.md)
+        # True once an abort call cut the stream: the next chunk is the abort tail,
+        # and an event the chunks before it left unfinished is to be dropped.
+        self.cut = False
 
     @property
     def engine_time(self) -> float:
@@ -67,26 +82,39 @@ class ForwardStream:
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         """The body as it arrives, in pieces of up to 64 KiB (a ``/v1/completions``
         stream: whole events, continued across an abort pause with
-        ``replay="continue"``, docs/operations.md)."""
+        ``replay="continue"``, docs/operations.md). A stream an abort call cut ends
+        with the abort tail (:func:`abort_tail`), not an error."""
         req, reply = self._req, self._reply
+        if reply is None:
+            yield abort_tail(req.url_path, req.content, req.request_id)
+            return
         if self._dispatcher is None or req.url_path != CONTINUABLE_PATH or reply.body is None:
             async for chunk in self._raw():
                 yield chunk
-            return
-        async for chunk in continuing_events(self._dispatcher, req, reply, self._raw()):
-            yield chunk
+        else:
+            async for chunk in continuing_events(self._dispatcher, req, reply, self._raw()):
+                yield chunk
+        if self.cut:
+            yield abort_tail(req.url_path, req.content, req.request_id)
 
     async def _raw(self) -> AsyncIterator[bytes]:
         reply = self._reply
+        req = self._req
+        assert reply is not None
         if reply.body is None:
             if reply.content:
                 yield reply.content
             return
-        req = self._req
         try:
             async for chunk in reply.body.aiter_bytes():
                 yield chunk
         except PoolError as exc:
+            if req.aborted_by_call:
+                # Cut by an abort call (_abort.py): aiter_bytes ends it with the
+                # abort tail. The bytes of an event left unfinished before the tail
+                # are the reader's to drop (``cut``).
+                self.cut = True
+                return
             req.phase = Phase.READ_BODY
             error = gateway_error(exc, self.engine, reply.deadline, trio.current_time())
             raise req.stamp(error) from exc

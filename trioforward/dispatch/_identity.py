@@ -68,6 +68,8 @@ class IdMaker:
 
     def engine_id(self, request_id: str) -> str:
         """A fresh engine-side id for one attempt of ``request_id``:
-        ``"<request_id>.<n>"``, n counting every attempt of this process (hex)."""
+        ``"<request_id>.<n>"``, n counting every attempt of this process, 10 hex
+        digits: ids of one request id never are prefixes of one another (SGLang's
+        scheduler aborts every rid that starts with the one named)."""
         self._attempts += 1
-        return f"{request_id}.{self._attempts:x}"
+        return f"{request_id}.{self._attempts:010x}"

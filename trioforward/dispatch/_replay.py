@@ -45,10 +45,12 @@ async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
         try:
             reply = await dispatcher.request(req)
         except (DispatchAborted, UpstreamBroken):
-            if not req.replay:
+            if not req.replay or req.aborted_by_call:
                 raise
         else:
-            if req.replay is None:
+            # Aborted by an abort call (_abort.py): the engine's abort answer is
+            # the caller's, never replayed or continued.
+            if req.replay is None or req.aborted_by_call:
                 return _shown(req, reply, crossed)
             # A token-level request is read by its engine's dialect (_continue_tokens).
             tokens = aborted_tokens(req, reply) if req.render is not None else None
@@ -92,7 +94,7 @@ async def replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterato
                 yield reply
                 return
         except DispatchAborted:
-            if not req.replay or req.handed_over:
+            if not req.replay or req.handed_over or req.aborted_by_call:
                 raise
         if req.trace is not None:
             req.trace.replay(req.abort_reason)

@@ -26,6 +26,7 @@ from trioforward.errors import DispatchAborted, TrioforwardError
 
 if TYPE_CHECKING:
     from trioforward.dispatch._engines import Engine
+    from trioforward.http import StreamResponse
     from trioforward.dispatch._prefix import PrefixKey
     from trioforward.dispatch._tracing import RequestTrace
 
@@ -175,6 +176,9 @@ class Request:
         "engine_request_ids",
         "only",
         "render",
+        "aborted_by_call",
+        "left",
+        "stream_body",
     )
 
     def __init__(
@@ -238,6 +242,12 @@ class Request:
         # engine's dialect with the attempt's engine-side id.
         self.only: Callable[[Engine], bool] | None = None
         self.render: Callable[[Engine, str], tuple[str, bytes]] | None = None
+        # An abort call (_abort.py) ended it: answered normally, never replayed;
+        # set once it has left the client (only while an abort call waits); the
+        # open body of its stream once handed over (cut from the abort's task).
+        self.aborted_by_call = False
+        self.left: trio.Event | None = None
+        self.stream_body: StreamResponse | None = None
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""

@@ -27,7 +27,9 @@ Public interface (what admin routes and other features build on):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -45,6 +47,8 @@ __all__ = ["ControlPlane", "FleetLagging"]
 log = logging.getLogger("trioforward.fleet")
 
 ALL = "*"
+#: Abort records kept in the control state, and remembered as run by a member.
+ABORTS_KEPT = 64
 
 
 class FleetLagging(Exception):
@@ -77,6 +81,20 @@ class ControlPlane:
         # What this member applied last (it starts from its configuration).
         self._paused_all = False
         self._paused: set[str] = set()
+        # Aborts (docs/operations.md, "Over-sampling: cancelling a round's
+        # stragglers"): what this member runs for one (set by the server to
+        # include its Tinker queue; default: the dispatch client's), and the
+        # abort records it ran already.
+        self.abort_hook: Callable[[list[str] | None, str | None, bool], Awaitable[dict[str, int]]] = (
+            self._client_abort
+        )
+        self._aborts_run: deque[str] = deque(maxlen=ABORTS_KEPT)
+
+    async def _client_abort(
+        self, ids: list[str] | None, group: str | None, every: bool
+    ) -> dict[str, int]:
+        counts = await self._client.abort(group=group, request_ids=ids, all=every)
+        return dict(counts.to_json())
 
     # -- admin changes (any member) ------------------------------------------------
 
@@ -130,6 +148,33 @@ class ControlPlane:
         """Unregister adapter ``name`` on every member."""
         key = self._keys.control("adapters")
         return await self._change(lambda p: p.hset(key, {name: ""}))
+
+    async def abort(
+        self, ids: list[str] | None, group: str | None, every: bool
+    ) -> dict[str, Any]:
+        """Abort on every member: the record is appended to the control state's
+        ``aborts`` list (the last :data:`ABORTS_KEPT`), each member runs it once
+        and writes its counts beside it; returns their sums and ``"members"``
+        (member id -> counts) once every live member ran it. Raises
+        :class:`FleetLagging`, :class:`~trioforward.fleet.StateUnavailable`."""
+        abort_id = uuid.uuid4().hex
+        record = orjson.dumps({"id": abort_id, "ids": ids, "group": group, "all": every})
+        key = self._keys.control("aborts")
+
+        def edit(p: Any) -> None:
+            p.rpush(key, [record])
+            p.ltrim(key, -ABORTS_KEPT, -1)
+
+        await self._change(edit)
+        with trio.move_on_after(self._fleet.settings.member_ttl):
+            try:
+                raw = _text(await self._fleet.redis.hgetall(self._keys.control(f"abort:{abort_id}")))
+            except STATE_ERRORS as exc:
+                raise StateUnavailable(f"shared state unreachable ({type(exc).__name__})") from None
+            members = {m: orjson.loads(v) for m, v in sorted(raw.items())}
+            total = {k: sum(c.get(k, 0) for c in members.values()) for k in ("queued", "on_engine", "finished")}
+            return {**total, "members": members}
+        raise StateUnavailable("shared state did not answer in time")
 
     async def paused_at_engine_level(self, engines: Iterable[str] | None) -> list[str] | None:
         """Which of ``engines`` (``None``: all) the fleet paused at the engine level
@@ -216,6 +261,7 @@ class ControlPlane:
             engines_reply = pipe.hgetall(keys.control("engines"))
             adapters_reply = pipe.hgetall(keys.control("adapters"))
             weights_reply = pipe.get(keys.control("weight_version"))
+            aborts_reply = pipe.lrange(keys.control("aborts"), 0, -1)
         raw_version = await version_reply
         version = int(raw_version) if raw_version is not None else 0
         if version == self.applied_version and version:
@@ -234,6 +280,7 @@ class ControlPlane:
             text = weight_version.decode() if isinstance(weight_version, bytes) else weight_version
             self._client.weights.record_version(str(text))
         await self._apply(paused, engines, adapters)
+        await self._run_aborts([bytes(r) for r in await aborts_reply])
         self.applied_version = version
         self._applied_event.set()
         self._applied_event = trio.Event()
@@ -280,6 +327,22 @@ class ControlPlane:
         for url, op in engines.items():
             if op == "remove" and url in known:
                 client.engines.remove(url)
+
+
+    async def _run_aborts(self, records: list[bytes]) -> None:
+        """Run each abort record not run here yet, and write this member's counts
+        beside it (kept 5 minutes) before the version counts as applied."""
+        for raw in records:
+            record = orjson.loads(raw)
+            abort_id = record["id"]
+            if abort_id in self._aborts_run:
+                continue
+            self._aborts_run.append(abort_id)
+            counts = await self.abort_hook(record["ids"], record["group"], bool(record["all"]))
+            key = self._keys.control(f"abort:{abort_id}")
+            async with self._fleet.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(key, {self._fleet.member_id: orjson.dumps(counts).decode()})
+                pipe.expire(key, 300)
 
 
 def _engine_level(value: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -92,6 +94,21 @@ class StreamResponse:
         """Give the connection back: parked if the body was read to its end, else
         closed (the engine aborts). Idempotent; what leaving the ``async with`` does."""
         self._ctx.close(self.complete)
+
+    def cut(self) -> None:
+        """End the body early, from any task: the connection is shut down both ways
+        (``shutdown(2)``: the engine sees its client leave and aborts), so a read in
+        progress or the next one ends as if the engine had closed it (raises
+        :class:`RemoteProtocolError`, phase READ_BODY). The socket itself is closed
+        by :meth:`close`, by the task reading it (closing a descriptor another task
+        waits on is not allowed in trio). Idempotent; nothing if already complete."""
+        conn = self._ctx.conn
+        if conn is None or self.complete:
+            return
+        try:
+            conn.socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone
 
 
 class StreamContext:

@@ -17,6 +17,7 @@ place the wrapping is done.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -30,6 +31,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward import Settings, SettingsError
+from trioforward.server._abort import abort_here
 from trioforward.server._admin_log import install_admin_log
 from trioforward.server._asgi import Front
 from trioforward.server._auth import check_auth
@@ -165,6 +167,10 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
                     fleet=fleet,
                     tracing=tracing,
                 )
+                if fleet is not None:  # an abort reaches this member's Tinker queue too
+                    fleet.control.abort_hook = functools.partial(
+                        abort_here, app.extensions[STATE_KEY]
+                    )
                 nursery.start_soon(metrics.keep_synced)
                 task_status.started()
                 await stop.wait()

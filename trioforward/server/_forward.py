@@ -154,7 +154,7 @@ async def _relay_stream(
             head_sent = True
             partial = b""  # an event not yet complete: sent only with its end
             async for chunk in fs.aiter_bytes():
-                if partial:
+                if partial and not fs.cut:  # cut: an abort call's tail, whole events
                     chunk = partial + chunk
                 end = _events_end(chunk)
                 partial = chunk[end:]

@@ -18,6 +18,8 @@ Admin API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
   resumes the engines, records the version, then releases the queue in FIFO
   order. Both answer the engine list plus ``weight_version`` and
   ``engine_pauses`` (docs/operations.md).
+- ``POST /admin/abort {"group" | "request_ids" | "all"}`` aborts requests
+  (``server/_abort.py``); answers ``{"queued", "on_engine", "finished"}``.
 - ``GET/POST/DELETE /admin/adapters``: ``{"name", "path", "parent"?}`` registers a
   LoRA adapter the gateway loads on demand.
 
@@ -41,6 +43,7 @@ from quart_trio import QuartTrio
 from trioforward._engine_url import EngineURLError, engine_url
 from trioforward.dispatch import ENGINE_KINDS, ENGINE_MODES, fleet_pause_value, pause_conflict
 from trioforward.errors import EngineControlError
+from trioforward.server._abort import abort_args, abort_here
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
 from trioforward.server._state import STATE_KEY, GatewayState, get_state
@@ -318,6 +321,15 @@ def install_routes(app: QuartTrio) -> None:
         except EngineControlError as err:
             return _json(err.to_json(), err.status)
         return _json(_weights_json(state))
+
+    @app.post("/admin/abort")
+    async def abort() -> Response:
+        # docs/operations.md, "Over-sampling: cancelling a round's stragglers".
+        state = get_state()
+        ids, group, every = abort_args(await _body("group", "request_ids", "all"))
+        if state.fleet is None:
+            return _json(await abort_here(state, ids, group, every))
+        return _json(await _fleet_wide(state.fleet.control.abort(ids, group, every)))
 
     @app.post("/admin/resume")
     async def resume() -> Response:

@@ -202,6 +202,26 @@ class SampleRunner:
     def queued(self) -> int:
         return len(self._queue)
 
+    def abort(self, request_ids: list[str] | None, group: str | None, every: bool) -> int:
+        """Take the matching samples still waiting here out of the queue (no engine
+        sees them) and resolve each with an aborted sample: its sequences empty,
+        ``stop_reason`` length (the SDK's ``StopReason`` is ``"stop"`` or
+        ``"length"``; docs/tinker.md, "Request ids and rollout groups").
+        Returns how many. O(queue), an abort call's cost, never a sample's."""
+        wanted = set(request_ids or ())
+        kept: deque[tuple[Future, SampleJob]] = deque()
+        aborted = 0
+        empty = np.zeros(0, dtype=np.int32)
+        for future, job in self._queue:
+            if every or (group is not None and job.group == group) or job.request_id in wanted:
+                body = encode_sample_response([(empty, None, LENGTH)] * job.num_samples)
+                self.store.resolve(future, body, PROTOBUF, None)
+                aborted += 1
+            else:
+                kept.append((future, job))
+        self._queue = kept
+        return aborted
+
     @property
     def workers(self) -> int:
         return self._workers

@@ -1,0 +1,76 @@
+"""client.abort() in the embedded client: groups, queued requests, streams, no replay after a pause."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from dispatch_testing import body, client_for, completions
+
+from trioforward.sim import open_engine
+
+LONG = 4000
+
+
+async def until(predicate: object) -> None:
+    with trio.fail_after(60):
+        while not predicate():  # type: ignore[operator]
+            await trio.sleep(0.01)
+
+
+async def test_complete_in_a_group_is_aborted_with_its_tokens_and_queued_ones_never_dispatched(
+    fd_baseline: int,
+) -> None:
+    results: dict[str, object] = {}
+    async with open_engine(decode_ms_per_token=5) as engine, client_for(
+        engine, engine_capacity=2, abort_grace=30.0
+    ) as client:
+
+        async def one(key: str) -> None:
+            results[key] = await client.complete(
+                model="sim-base", prompt=[1, 2], max_tokens=LONG, group="g", request_id=key
+            )
+
+        async with trio.open_nursery() as nursery:
+            for key in ("run-0", "run-1", "wait-0"):
+                nursery.start_soon(one, key)
+            await until(lambda: engine.stats.running == 2 and client.statistics().queued == 1)
+            counts = await client.abort(group="g")
+        assert (counts.queued, counts.on_engine, counts.finished) == (1, 2, 0)
+        for key in ("run-0", "run-1"):
+            (choice,) = results[key].choices  # type: ignore[attr-defined]
+            assert choice.finish_reason == "abort" and 0 <= len(choice.tokens) < LONG
+        (choice,) = results["wait-0"].choices  # type: ignore[attr-defined]
+        assert choice.finish_reason == "abort" and len(choice.tokens) == 0
+        assert completions(engine) == 2  # the queued one never reached the engine
+        assert engine.stats.pause_aborted == 2
+
+
+async def test_an_aborted_request_is_not_replayed_by_a_weight_update(fd_baseline: int) -> None:
+    async with open_engine(decode_ms_per_token=5) as engine, client_for(engine, abort_grace=30.0) as client:
+        out: list[object] = []
+
+        async def one() -> None:
+            out.append(await client.post("/v1/completions", json=body(max_tokens=LONG), group="g"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await until(lambda: engine.stats.running == 1)
+            await client.abort(group="g")
+        (response,) = out
+        assert response.status == 200 and b'"finish_reason":"abort"' in response.content  # type: ignore[attr-defined]
+        # A replaying abort pause afterwards finds nothing to run again.
+        await client.pause(engine_mode="abort", replay=True)
+        await client.resume()
+        assert completions(engine) == 1
+
+
+async def test_abort_arguments_are_checked(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        with pytest.raises(ValueError):
+            await client.abort()
+        with pytest.raises(ValueError):
+            await client.abort(all=True, group="g")
+        with pytest.raises(ValueError):
+            await client.abort(request_ids="one-id")  # type: ignore[arg-type]
+        counts = await client.abort(group="nobody")
+        assert counts.to_json() == {"queued": 0, "on_engine": 0, "finished": 0}
