@@ -12,6 +12,9 @@ from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
 
 LONG = 4000  # tokens: a generation that only an abort ends within the test
 SHORT = 60
+# Group B runs beside A to its end: long enough to be running when A is aborted
+# (its end frees capacity the queued A requests would take), short enough to wait for.
+MEDIUM = 1200
 
 
 def body(max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -53,12 +56,12 @@ async def test_abort_a_group_running_and_queued_leaves_other_groups_whole(fd_bas
         async with httpx.AsyncClient(base_url=gw.url, timeout=None) as http, trio.open_nursery() as nursery:
             for i in range(7):
                 nursery.start_soon(post, http, out, f"a{i}", body(LONG), {"X-Rollout-Group": "A", "X-Request-Id": f"a-{i}"})
-            for i in range(3):
-                nursery.start_soon(post, http, out, f"b{i}", body(SHORT), {"X-Rollout-Group": "B"})
-            nursery.start_soon(post, http, out, "solo", body(SHORT), {"X-Request-Id": "solo-1"})
-            await until(lambda: engine.stats.running == 11)
             nursery.start_soon(read_stream, http, out, {"X-Rollout-Group": "A", "X-Request-Id": "a-s"}, seen)
-            await until(lambda: engine.stats.running == 12 and seen[0] >= 3)
+            await until(lambda: engine.stats.running == 8 and seen[0] >= 3)
+            for i in range(3):
+                nursery.start_soon(post, http, out, f"b{i}", body(MEDIUM), {"X-Rollout-Group": "B"})
+            nursery.start_soon(post, http, out, "solo", body(MEDIUM), {"X-Request-Id": "solo-1"})
+            await until(lambda: engine.stats.running == 12)
             for i in range(4):
                 nursery.start_soon(post, http, out, f"q{i}", body(LONG), {"X-Rollout-Group": "A", "X-Request-Id": f"a-q-{i}"})
             await until(lambda: client.statistics().queued == 4)
@@ -82,7 +85,7 @@ async def test_abort_a_group_running_and_queued_leaves_other_groups_whole(fd_bas
         # Group B and the request of its own: whole.
         for key in ["b0", "b1", "b2", "solo"]:
             (choice,) = out[key].json()["choices"]
-            assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == SHORT
+            assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == MEDIUM
         # Engine side: the 8 running were aborted there, the 4 queued never arrived.
         assert engine.stats.pause_aborted == 8
         assert generation_requests(engine) == 12
