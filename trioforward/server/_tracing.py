@@ -16,7 +16,7 @@ parent-based with ``trace_sample_ratio`` for new traces (unset: the
 ``OTEL_TRACES_SAMPLER`` variables); its spans leave through
 :class:`~._span_export.BoundedExport` to an OTLP/HTTP protobuf exporter.
 
-Each request on the OpenAI routes gets a server span (``POST /v1/completions``)
+Each request on the forwarding routes (OpenAI, token) gets a server span (``POST /v1/completions``)
 whose parent is the client's W3C ``traceparent``/``tracestate``; the dispatch
 core's spans (queue, attempts, adapter loads, replays) hang under it. Each
 admin change (``POST``/``DELETE`` on ``/admin/*``: pause, resume, abort,
