@@ -359,3 +359,36 @@ async def test_a_stream_continued_across_the_update_is_one_valid_stream(
                 {"version": "v2", "start": 4, "end": 10},
             ]
         assert engine.stats.tokens_decoded == 10 * n
+
+
+@pytest.mark.parametrize(
+    "engine_options",
+    [{"kind": "sglang"}, {"kind": "vllm", "scale_out": True}],
+    ids=["sglang-generate", "vllm-inference-generate"],
+)
+async def test_token_requests_continue_through_every_dialect(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock, engine_options: dict[str, Any]
+) -> None:
+    async with (
+        open_engine(decode_ms_per_token=100, **engine_options) as engine,
+        client_for(engine) as client,
+    ):
+        await client.resume(weight_version="v1")
+        out: list[Any] = []
+
+        async def one() -> None:
+            out.append(await client.complete(model=MODEL, prompt=PROMPT, max_tokens=10, seed=3, n=2))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.45)
+            await update(client, "v2")
+        for choice in out[0].choices:
+            assert len(choice.tokens) == 10 and choice.finish_reason == "length"
+            assert choice.weight_versions == [
+                {"version": "v1", "start": 0, "end": 4},
+                {"version": "v2", "start": 4, "end": 10},
+            ]
+            assert choice.logprobs is not None and len(choice.logprobs) == 10
+        assert engine.stats.tokens_decoded == 20 and client.continued.answers == 1
