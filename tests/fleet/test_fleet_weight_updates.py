@@ -84,3 +84,55 @@ async def test_resuming_a_gate_only_pause_never_calls_the_engine_even_when_it_is
         assert not any(e.paused for gw in (a, b) for e in gw.state.client.engines.list())
         assert engine.stats.resumes == 0
         await engine.start_listening()
+
+
+async def test_continue_is_fleet_wide_and_each_member_continues_its_own(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    async with open_sim(decode_ms_per_token=20) as engine, AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_gateway(
+                    engine.url, state_url=valkey.url, fleet_name=fleet_name,
+                    lease_interval=0.05, member_ttl=1.0,
+                )
+            )
+            for _ in range(2)
+        ]  # fmt: skip
+        with trio.fail_after(30):
+            while not all(len(gw.state.fleet.members) == 2 for gw in (a, b)):
+                await a.state.fleet.wait_tick()
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        await cb.post("/admin/resume", json={"weight_version": "v4"})
+        replies: list[httpx.Response] = []
+
+        async def complete(client: httpx.AsyncClient) -> None:
+            replies.append(await client.post("/v1/completions", content=orjson.dumps(BODY)))
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for client in (ca, cb, ca, cb):
+                    nursery.start_soon(complete, client)
+                await engine.stats.wait_for(lambda s: s.running == 4)
+                await trio.sleep(0.2)  # some tokens decoded (not needed: 0 tokens go whole)
+                body = {"engine_mode": "abort", "replay": "continue"}
+                paused = await ca.post("/admin/pause", json=body)
+                assert paused.status_code == 200, paused.text
+                assert engine.stats.pauses == {"abort": 1} and engine.rl.paused
+                resumed = await cb.post("/admin/resume", json={"weight_version": "v5"})
+                assert resumed.status_code == 200, resumed.text
+        assert [r.status_code for r in replies] == [200] * 4
+        for reply in replies:
+            choice = reply.json()["choices"][0]
+            assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 30
+            spans = choice["weight_versions"]
+            assert spans[-1]["version"] == "v5" and spans[-1]["end"] == 30
+            assert {s["version"] for s in spans} <= {"v4", "v5"}
+        continued = sum(gw.state.client.continued.answers for gw in (a, b))
+        # What the engine ended was continued by the member holding it, not re-run:
+        # every token decoded once (give or take one at a seam per request).
+        assert 4 * 30 <= engine.stats.tokens_decoded <= 4 * 30 + 4
+        assert continued == engine.stats.pause_aborted - sum(
+            gw.state.client.continued.whole for gw in (a, b)
+        )
