@@ -332,8 +332,13 @@ def _report(
         pause = scenario["pause"]
         checks["pause held dispatch"] = bool(pause["held"])
         pause["streams_resubmitted"] = tally.events["streams resubmitted after the pause"]
-        pause["answers_continued"] = tally.events["answers continued"]
-        pause["tokens_kept"] = tally.events["tokens kept by continuing"]
+        client = gateway.client
+        if client is not None:  # in this process: what the gateway itself continued
+            pause["answers_continued"] = client.continued.answers
+            pause["tokens_kept"] = client.continued.tokens_kept
+        else:  # --workers: what the openai clients saw (weight_versions of two spans)
+            pause["answers_continued"] = tally.events["answers continued"]
+            pause["tokens_kept"] = tally.events["tokens kept by continuing"]
         pause["answers_with_version"] = _version_count(metrics.text, pause["weight_version"])
     return {
         "mode": "simulated" if fleet.simulated else "external",

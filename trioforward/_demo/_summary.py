@@ -73,7 +73,7 @@ def render_summary(report: dict[str, Any], tally: Tally, console: Console) -> No
             "weight update (engine pause abort + continue, resume with a version)",
             f"engines ({kinds}) paused {pause['held_seconds']} s; "
             + (f"{count_of(ended, 'requests')} ended by the engines; " if ended is not None else "")
-            + f"{count_of(pause.get('answers_continued', 0), 'answers')} continued from their tokens so far, "
+            + f"{count_of(pause.get('answers_continued', 0), 'answers')} continued from the tokens so far, "
             f"saving {count_of(pause.get('tokens_kept', 0), 'tokens')} of decode; "
             + f"{count_of(pause.get('streams_resubmitted', 0), 'started streams')} ended with an error event, "
             f"resubmitted; {count_of(pause['waited'], 'requests')} waited in QUEUED (longest "
