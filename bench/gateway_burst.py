@@ -93,9 +93,13 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
 
 
 async def _burst(
-    session: Any, urls: list[str], size: int
+    session: Any, urls: list[str], size: int, target: dict[str, Any] | None = None
 ) -> tuple[float, list[float], int, dict[str, int]]:
-    payload = json.dumps(BODY).encode()
+    # A target may name its own route, body and answer marker (--routes: _token_routes.py).
+    target = target or {}
+    path = target.get("path") or "/v1/completions"
+    expect = (target.get("expect") or '"choices"').encode()
+    payload = json.dumps(target.get("body") or BODY).encode()
     headers = {"content-type": "application/json"}
     latencies: list[float] = []
     errors = 0
@@ -103,12 +107,12 @@ async def _burst(
 
     async def one(i: int) -> None:
         nonlocal errors
-        url = urls[i % len(urls)] + "/v1/completions"
+        url = urls[i % len(urls)] + path
         start = time.perf_counter()
         try:
             async with session.post(url, data=payload, headers=headers) as response:
                 body = await response.read()
-                if response.status != 200 or b'"choices"' not in body:
+                if response.status != 200 or expect not in body:
                     errors += 1
                     kinds[f"HTTP {response.status}"] = kinds.get(f"HTTP {response.status}", 0) + 1
                     return
@@ -173,7 +177,7 @@ async def _measure(
 ) -> dict[str, Any]:
     """One row: warm-up burst, then measured bursts of ``size`` through ``session``."""
     accepted0 = await _accepted(stats_session, engines)
-    _, _, warmup_errors, warmup_kinds = await _burst(session, urls, size)  # opens the connections
+    _, _, warmup_errors, warmup_kinds = await _burst(session, urls, size, target)  # opens the connections
     if plan.get("handshake"):  # a profiler attaches between warm-up and measurement
         print("warm", file=sys.stderr, flush=True)
         await asyncio.to_thread(sys.stdin.readline)
@@ -184,7 +188,7 @@ async def _measure(
     own0 = _self_cpu()
     wall, latencies, errors, kinds = 0.0, [], 0, {}
     for _ in range(rounds):
-        w, lat, err, k = await _burst(session, urls, size)
+        w, lat, err, k = await _burst(session, urls, size, target)
         wall += w
         latencies += lat
         errors += err
@@ -391,6 +395,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     )
     parser.add_argument("--out", default=str(RESULTS / "gateway_burst.json"))
     parser.add_argument("--loadgen", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--routes", action="store_true",
+        help="instead: trioforward's CPU per request on /v1/completions, /generate (SGLang) and "
+        "/inference/v1/generate (vLLM) in one run (bench/_token_routes.py)",
+    )
     args = parser.parse_args(argv)
     if args.loadgen:
         _raise_nofile()
@@ -398,6 +407,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         print(json.dumps(rows))
         return None
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if args.routes:
+        try:
+            import _token_routes as token_routes
+        except ImportError:
+            from bench import _token_routes as token_routes  # type: ignore[no-redef]
+        return token_routes.main(sizes, args.engines, args.min_requests)
     report = run(sizes, args.engines, [t.strip() for t in args.targets.split(",")], args.min_requests)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
