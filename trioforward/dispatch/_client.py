@@ -121,9 +121,9 @@ class Client(PauseGate):
         if self._paused_all:
             self._registry.set_paused(engine, True)
         s = self.settings
-        self._nursery.start_soon(
-            detect_loop, self._control_pool, engine, self.configured_kind(engine.url), s.health_timeout
-        )
+        configured = self.configured_kind(engine.url)
+        engine.kind = configured  # known at once when set; what it serves follows
+        self._nursery.start_soon(detect_loop, self._control_pool, engine, configured, s.health_timeout)
         if s.health_interval > 0:
             self._nursery.start_soon(
                 lambda: health_loop(
