@@ -63,6 +63,7 @@ BENCHMARKS = (
     Bench("prefix_routing", "Prefix routing vs least-outstanding, round-robin, session and smg", ()),
     Bench("weight_update_continue", "Weight updates mid-rollout: continue vs whole replay vs keep",
           ("--rounds", "3")),
+    Bench("oversampling", "Over-sampling: cancel stragglers by group vs wait vs abort-all on the engines", ()),
     Bench("fleet", "Fleet mode: state_url vs none, Redis vs memory futures, --workers 2 vs 1",
           ("--sizes", "64,1024,8192", "--requests", "4096", "--samples", "8192", "--failover-samples", "20000")),
 )

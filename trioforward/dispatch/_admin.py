@@ -49,6 +49,10 @@ class Engines:
             self._on_added(engine, kind)
         return engine.info()
 
+    def get(self, url: str) -> Engine:
+        """The record of registered engine ``url`` (``KeyError`` otherwise)."""
+        return self._registry.get(url)
+
     def remove(self, url: str) -> bool:
         """Unregister ``url``. Its in-flight requests fail with :class:`DispatchAborted`;
         its queued ones are routed again. Returns False if it was not registered."""

@@ -41,6 +41,7 @@ from trioforward.dispatch._request import (
     strip_response_headers,
 )
 from trioforward.dispatch._routing import stable_hash
+from trioforward.dispatch._versions import VersionGate
 from trioforward.dispatch._tracing import Tracing, tracing_for
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.dispatch._weights import WeightUpdates, version_label
@@ -91,6 +92,17 @@ class Client(PauseGate):
         )
         self.weights = WeightUpdates(self._registry, self._dispatcher, control)
         self.aborts = Aborts(control, settings.abort_grace)
+        self.versions = VersionGate(
+            self._registry,
+            control,
+            control_pool,
+            lambda: self._dispatcher.weight_version,
+            nursery.start_soon,
+            settings.health_interval,
+            settings.health_timeout,
+        )
+        self.weights.versions = self.versions
+        self._registry.on_readmit = lambda e: self.versions.hold(e, "re-admitted after an ejection")
         self._session_routing = settings.routing in ("session", "prefix")
         self._prefix_routing = settings.routing == "prefix"
         self.engines = Engines(self._registry, self._engine_added)
@@ -120,6 +132,7 @@ class Client(PauseGate):
             self._kinds[engine.url] = kind
         if self._paused_all:
             self._registry.set_paused(engine, True)
+        self.versions.hold(engine, "added")
         s = self.settings
         configured = self.configured_kind(engine.url)
         engine.kind = configured  # known at once when set; what it serves follows

@@ -46,7 +46,10 @@ class EngineInfo:
     ``"vllm"``, ``"sglang"``, ``"openai"`` or ``None`` (not known yet);
     ``token_route``: whether it serves its kind's token route (SGLang
     ``/generate``, vLLM ``/inference/v1/generate``; ``None``: not known yet;
-    docs/operations.md, "Engine kinds").
+    docs/operations.md, "Engine kinds"); ``held_out``: why it takes no work
+    although healthy and not paused (it has not reported the recorded weight
+    version), or ``None``; ``weight_version``: the version it last reported
+    (docs/operations.md, "One weight version across the engines").
     """
 
     url: str
@@ -59,6 +62,8 @@ class EngineInfo:
     share: int = 0
     kind: str | None = None
     token_route: bool | None = None
+    held_out: str | None = None
+    weight_version: str | None = None
 
 
 class Engine:
@@ -87,6 +92,8 @@ class Engine:
         "token_route",
         "kind_known",
         "health_path",
+        "held_out",
+        "reported_version",
     )
 
     def __init__(self, url: str, capacity: int) -> None:
@@ -113,6 +120,11 @@ class Engine:
         self.token_route: bool | None = None
         self.kind_known = trio.Event()
         self.health_path = "/health"  # SGLang: "/ready" (_health.py)
+        # Not running the recorded weight version (yet): why it takes no work, and
+        # the version it last reported (docs/operations.md, "One weight version
+        # across the engines"; _versions.py).
+        self.held_out: str | None = None
+        self.reported_version: str | None = None
 
     @property
     def outstanding(self) -> int:
@@ -135,6 +147,8 @@ class Engine:
             int(tokens) if (tokens := self.limiter.total_tokens) != math.inf else 0,
             self.kind,
             self.token_route if self.kind_known.is_set() else None,
+            self.held_out,
+            self.reported_version,
         )
 
     def reroute_waiters(self) -> None:
@@ -175,6 +189,7 @@ class Registry:
         "_lot",
         "_changed",
         "on_eject",
+        "on_readmit",
     )
 
     def __init__(self, capacity: int, health_failures: int, health_successes: int) -> None:
@@ -188,6 +203,8 @@ class Registry:
         # Called with each engine ejected (the client schedules re-admission when
         # no health probes run).
         self.on_eject: Callable[[Engine], None] | None = None
+        # Called as an ejected engine is re-admitted (the weight-version gate holds it).
+        self.on_readmit: Callable[[Engine], None] | None = None
 
     # -- membership -----------------------------------------------------------
 
@@ -234,7 +251,9 @@ class Registry:
 
     def _refresh(self, engine: Engine) -> None:
         was = engine.eligible
-        engine.eligible = engine.healthy and not engine.paused and not engine.removed
+        engine.eligible = (
+            engine.healthy and not engine.paused and not engine.removed and engine.held_out is None
+        )
         if was and not engine.eligible:
             engine.reroute_waiters()
         elif engine.eligible and not was:
@@ -246,13 +265,20 @@ class Registry:
 
     def any_healthy_paused(self) -> bool:
         """Whether some engine is only paused (healthy, registered): O(engines)."""
-        return any(e.healthy and e.paused and not e.removed for e in self.engines)
+        return any(
+            e.healthy and (e.paused or e.held_out is not None) and not e.removed for e in self.engines
+        )
 
     async def wait_changed(self) -> None:
         """Return at the next change of any engine's eligibility (health, pause, removal)."""
         if self._changed is None:
             self._changed = trio.Event()
         await self._changed.wait()
+
+    def set_held(self, engine: Engine, reason: str | None) -> None:
+        """Hold ``engine`` out of dispatch for ``reason`` (``None``: release it; _versions.py)."""
+        engine.held_out = reason
+        self._refresh(engine)
 
     def set_paused(self, engine: Engine, paused: bool) -> None:
         if paused and not engine.paused:
@@ -294,6 +320,8 @@ class Registry:
             return
         engine.healthy = True
         engine.consecutive_failures = max(0, self.health_failures - 1)
+        if self.on_readmit is not None:
+            self.on_readmit(engine)
         self._refresh(engine)
         log.info("engine %s re-admitted on trial (health probes are off)", engine.url)
 
@@ -307,6 +335,8 @@ class Registry:
         engine.consecutive_successes += 1
         if not engine.healthy and engine.consecutive_successes >= self.health_successes:
             engine.healthy = True
+            if self.on_readmit is not None:
+                self.on_readmit(engine)  # it may have restarted on other weights
             self._refresh(engine)
             log.info("engine %s healthy again (re-admitted)", engine.url)
 

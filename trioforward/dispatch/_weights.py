@@ -105,6 +105,7 @@ class WeightUpdates:
         self._registry = registry
         self._dispatcher = dispatcher
         self.control = control
+        self.versions: Any = None  # the client's VersionGate (_versions.py)
         self.engine_pauses: dict[str, EnginePause] = {}  # engine URL -> its pause
 
     def targets(self, urls: list[str] | None) -> list[Engine]:
@@ -272,12 +273,23 @@ class WeightUpdates:
                     req.frozen_time += now - req.frozen_since
                     req.frozen_since = None
             if engine not in failed:
+                if engine in paused and self.versions is not None:
+                    self.versions.resumed(engine, weight_version)
+                self._registry.set_paused(engine, False)
+        if self.versions is not None and weight_version is not None:
+            self.versions.recheck()
+            # An engine whose resume failed may still run the old weights: held
+            # out until it reports the new version (docs/operations.md, "One
+            # weight version across the engines"), not paused.
+            for engine in failed:
+                self.versions.hold(engine, f"its resume failed ({failed[engine]})")
                 self._registry.set_paused(engine, False)
         if failed:
+            held = self.versions is not None and weight_version is not None
             raise EngineControlError(
                 "engine resume failed on "
                 + ", ".join(f"{e.url} ({exc})" for e, exc in failed.items())
-                + "; they stay paused",
+                + ("; they are held out until they report the version" if held else "; they stay paused"),
                 engine=next(iter(failed)).url,
             )
 

@@ -136,6 +136,8 @@ def _engines_json(state: GatewayState) -> dict[str, Any]:
                 "consecutive_failures": e.consecutive_failures,
                 "kind": e.kind,
                 "token_route": e.token_route,
+                "weight_version": e.weight_version,  # the version it reported
+                "held_out": e.held_out,  # why it takes no work (docs/operations.md)
             }
             for e in state.client.engines.list()
         ]
@@ -267,9 +269,14 @@ def install_routes(app: QuartTrio) -> None:
     @app.post("/admin/engines")
     async def add_engine() -> Response:
         state = get_state()
-        data = await _body("url", "kind")
+        data = await _body("url", "kind", "weight_version")
         url = _url(data.get("url"))
         kind = data.get("kind")
+        confirmed = data.get("weight_version")
+        if confirmed is not None and not _good_version(confirmed):
+            raise bad_request(
+                "'weight_version' must be printable ASCII of 1..128 characters", "weight_version"
+            )
         if kind is not None and kind not in ENGINE_KINDS:
             raise bad_request(f"'kind' must be null or one of {', '.join(ENGINE_KINDS)}", "kind")
         if kind is not None and state.fleet is not None:
@@ -281,6 +288,17 @@ def install_routes(app: QuartTrio) -> None:
             await _fleet_wide(state.fleet.control.add_engine(url))
         else:
             state.client.engines.add(url, kind)
+        if confirmed is not None:
+            # The operator's word that it runs this version (an engine that cannot
+            # report one): docs/operations.md, "One weight version across the engines".
+            current = state.client.weights.version
+            if not state.client.versions.confirm(state.client.engines.get(url), confirmed):
+                raise RequestError(
+                    409,
+                    f"weight_version {confirmed!r} is not the current one ({current!r})",
+                    code="weight_version_mismatch",
+                    param="weight_version",
+                )
         return _json(_engines_json(state), 200 if known else 201)
 
     @app.delete("/admin/engines")
