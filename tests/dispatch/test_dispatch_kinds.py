@@ -45,10 +45,12 @@ async def test_an_operator_kind_is_not_detected_and_wins(fd_baseline: int) -> No
             assert await kinds(client) == {sglang.url: ("sglang", True), vllm.url: ("openai", False)}
             assert sglang.stats.by_path["/model_info"] == 0 and vllm.stats.by_path["/version"] == 0
             await client.pause(engine_mode="keep")
+            # An openai engine is paused at the gateway only: gated, not listed
+            # among the engines paused at the engine level.
             assert {u: p.kind for u, p in client.weights.engine_pauses.items()} == {
                 sglang.url: "sglang",
-                vllm.url: "none",  # an openai engine is paused at the gateway only
             }
+            assert {e.url: e.paused for e in client.engines.list()} == {sglang.url: True, vllm.url: True}
             assert vllm.stats.pauses == {}
             await client.resume()
         async with open_engine(kind="openai") as other, client_for(other) as client:

@@ -217,7 +217,8 @@ class WeightUpdates:
             except EngineControlError as exc:
                 failed.append((engine, exc))
             else:
-                self.engine_pauses[engine.url] = EnginePause(kind, mode, trio.current_time())
+                if kind != "none":  # an engine without pause endpoints: paused at the gateway only
+                    self.engine_pauses[engine.url] = EnginePause(kind, mode, trio.current_time())
                 done.append(engine)
 
         async with trio.open_nursery() as nursery:
