@@ -53,6 +53,8 @@ async def test_engine_time_beyond_budget_fails_and_engine_aborts(
         assert err.phase in (Phase.AWAIT_HEADERS, Phase.READ_BODY)
         assert err.attempts == 1 and err.engine == engine.url
         assert err.engine_time == pytest.approx(1.5, abs=0.01)
+        # The message names the knob, the phase and the engine once; no pool internals.
+        assert err.message == f"dispatch_timeout passed ({err.phase.value}) on {engine.url}"
         with trio.fail_after(10):
             await engine.stats.wait_for(lambda s: s.aborted == 1)
         assert engine.stats.completed == 0

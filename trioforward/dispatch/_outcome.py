@@ -68,9 +68,9 @@ def gateway_error(
             what = "read_timeout passed with no body bytes"
         else:
             what = "dispatch_timeout passed"
-        return DispatchTimeout(
-            f"{what} ({phase.value}) on {engine}: {exc}", phase=phase, engine=engine
-        )
+        # The knob and where it ran out; not the pool's words (they repeat the
+        # engine and add its internals): phase and engine are fields of the body.
+        return DispatchTimeout(f"{what} ({phase.value}) on {engine}", phase=phase, engine=engine)
     if phase is Phase.CONNECT:
         return EngineConnectError(
             # The pool's own words without its (phase=..., reused=...) suffix: the
