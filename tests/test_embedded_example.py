@@ -38,3 +38,13 @@ async def test_example_main_starts_its_own_simulated_fleet(fd_baseline: int) -> 
     with trio.fail_after(60):
         history = await example.main(["--steps", "1"])
     assert len(history) == 1
+
+
+def test_the_documented_entry_points_are_listed_by_dir() -> None:
+    # open_client and Client are imported lazily (module __getattr__); dir(),
+    # help() and completion must still show them.
+    import trioforward
+
+    names = dir(trioforward)
+    assert "open_client" in names and "Client" in names
+    assert set(trioforward.__all__) <= set(names)

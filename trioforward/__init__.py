@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from trioforward.dispatch import Client, open_client
 
 
+def __dir__() -> list[str]:
+    """The module's names plus the lazily imported ``open_client`` and ``Client``
+    (``help()``, ``dir()`` and completion list them)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     # The dispatch core is imported lazily so `import trioforward.http` stays light.
     if name in ("open_client", "Client"):
