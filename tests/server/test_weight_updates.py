@@ -53,6 +53,9 @@ async def test_keep_pause_then_resume_with_a_version_over_http(
             assert stream.headers["x-weight-version"] == "step-120"
             metrics = (await client.get("/metrics")).text
         assert 'trioforward_weight_version_requests_total{weight_version="step-120"} 2.0' in metrics
+        # The two answers that spanned the update are not a version of their own.
+        assert "none, step-120" not in metrics
+        assert "trioforward_weight_version_mixed_requests_total 2.0" in metrics
         assert engine.rl.weight_version == "step-120" and engine.stats.completed_mixed == 2
         assert "version=step-120" in caplog.text
 

@@ -103,6 +103,12 @@ class Metrics:
             registry=self.registry,
         )
         self._version_children: dict[str, Any] = {}  # insertion order = age
+        self._mixed_versions = Counter(
+            "trioforward_weight_version_mixed_requests",
+            "Answers generated across a weight update (a keep pause: X-Weight-Version "
+            "names two versions); not counted per version",
+            registry=self.registry,
+        )
         self._spans_dropped = Counter(
             "trioforward_trace_spans_dropped",
             "Trace spans dropped by reason: queue_full (the export queue was full), "
@@ -154,7 +160,10 @@ class Metrics:
         if engine_time is not None and engine_time > 0:
             self._engine_time.observe(engine_time)
         if weight_version is not None:
-            self._count_version(weight_version)
+            if ", " in weight_version:  # "step-1, step-2" (dispatch version_label)
+                self._mixed_versions.inc()
+            else:
+                self._count_version(weight_version)
 
     def _count_version(self, version: str) -> None:
         children = self._version_children
