@@ -231,10 +231,11 @@ def install_routes(app: QuartTrio) -> None:
         }
         if state.fleet is not None:  # fleet mode (docs/fleet.md)
             body["fleet"] = state.fleet.summary()
-            if state.fleet.degraded:
+            if state.fleet.degraded and ready:
                 # Shared state unreachable: the OpenAI routes still serve (still
-                # ready), Tinker submits answer 503 until it is back.
-                body["status"] = "degraded"
+                # ready, 200), Tinker submits answer 503 until it is back. Not
+                # "degraded", which always means 503: no engine can serve.
+                body["status"] = "shared_state_unreachable"
         return _json(body, 200 if ready else 503)
 
     @app.get("/metrics")
