@@ -41,6 +41,12 @@ async def test_three_members_keep_the_engine_at_its_capacity(
         # Idle: the capacity is spread over the members and sums to it.
         with trio.fail_after(30):
             await _converged(gateways, engine.url)
+        # /admin/engines says both: the engine's capacity, and this member's share.
+        for gw in gateways:
+            async with httpx.AsyncClient(base_url=gw.url) as admin:
+                [listed] = (await admin.get("/admin/engines")).json()["engines"]
+            assert listed["capacity"] == CAPACITY
+            assert listed["share"] == gw.state.fleet.leases.applied[engine.url]
         engine.stats.reset()
         for gw in gateways:
             gw.state.fleet.longest_gap = 0.0

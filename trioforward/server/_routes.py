@@ -133,6 +133,7 @@ def _engines_json(state: GatewayState) -> dict[str, Any]:
                 "in_flight": e.in_flight,
                 "queued": e.queued,
                 "capacity": e.capacity,
+                "share": e.share,
                 "consecutive_failures": e.consecutive_failures,
                 "kind": e.kind,
                 "token_route": e.token_route,
