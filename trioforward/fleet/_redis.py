@@ -8,6 +8,7 @@ live in one slot and multi-key commands (``MGET``) and pipelines stay legal
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +20,21 @@ from coredis.exceptions import RedisError
 from trioforward._state_url import parse_sentinel_url
 
 __all__ = ["open_redis", "open_sentinel_primary", "Keys", "STATE_ERRORS", "Redis"]
+
+
+def _not_a_script_reload(record: logging.LogRecord) -> bool:
+    """Drops coredis's INFO line for the retry that loads a Lua script the server
+    does not hold yet (``Retry attempt 1 due to error: No matching script...``):
+    the fleet's scripts are sent by hash, so that happens on first use and after
+    a restart or failover, by design, and read like a failure in the log."""
+    if record.levelno > logging.INFO:
+        return True
+    message = record.getMessage()
+    return not (message.startswith("Retry attempt") and "No matching script" in message)
+
+
+# coredis logs on the "coredis" logger (coredis/_utils.py; the retry in coredis/retry.py).
+logging.getLogger("coredis").addFilter(_not_a_script_reload)
 
 Redis = coredis.Redis  # the client type the fleet modules are written against
 
