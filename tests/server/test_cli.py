@@ -96,14 +96,37 @@ def test_precedence_file_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert settings.access_log is False
 
 
-def test_bad_toml_is_a_usage_error(tmp_path: Path) -> None:
+def test_bad_toml_is_an_error_naming_the_file_not_a_usage_error(tmp_path: Path) -> None:
+    from trioforward.server._cli import BadSetting
+
     config = tmp_path / "gw.toml"
     config.write_text("engine_capacity = [")
-    with pytest.raises(click.UsageError):
+    with pytest.raises(BadSetting, match="not valid TOML") as info:
         load_settings(str(config), (), {})
+    assert not isinstance(info.value, click.UsageError) and info.value.exit_code == 2
     config.write_text("no_such_knob = 1\n")
-    with pytest.raises(click.UsageError, match="no_such_knob"):
+    with pytest.raises(BadSetting, match="no_such_knob"):
         load_settings(str(config), (), {})
+
+
+@pytest.mark.parametrize("source", ["flag", "environment", "file"])
+def test_a_bad_value_is_blamed_on_where_it_came_from(
+    source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only a bad flag gets click's "Usage: ... Try --help" banner; a bad value
+    # from the environment or the TOML file is one Error line (the file named).
+    config = tmp_path / "gw.toml"
+    config.write_text('engine_capacity = "lots"\n' if source == "file" else "")
+    args = ["serve", "--config", str(config)]
+    if source == "flag":
+        args += ["--engine-capacity", "lots"]
+    env = {"TRIOFORWARD_ENGINE_CAPACITY": "lots"} if source == "environment" else {}
+    result = CliRunner().invoke(main, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert "'engine_capacity'" in result.output
+    assert ("Usage:" in result.output) == (source == "flag"), result.output
+    assert ("Try " in result.output) == (source == "flag"), result.output
+    assert (str(config) in result.output) == (source == "file"), result.output
 
 
 def test_create_app_without_arguments_reads_config_file_and_environment(

@@ -103,7 +103,34 @@ def load_settings(
         return Settings.load(config_file=config_file, overrides=overrides)
     except (SettingsError, tomllib.TOMLDecodeError, OSError, TypeError) as exc:
         where = f"{config_from} {config_file}"
-        raise click.UsageError(explain_bad_settings(exc, where)) from None
+        message = explain_bad_settings(exc, where)
+        if isinstance(exc, SettingsError) and _from_flags(exc.knob, overrides):
+            raise click.UsageError(message) from None  # the command line is wrong
+        if isinstance(exc, SettingsError) and config_file and not _from_environment(exc.knob):
+            message = f"{where}: {message}"  # the file's value (or a knob it names)
+        raise BadSetting(message) from None
+
+
+class BadSetting(click.ClickException):
+    """A bad value from the environment or the TOML file: ``Error: ...`` and exit
+    status 2, without click's usage banner (the command line is not what is wrong)."""
+
+    exit_code = 2
+
+
+def _from_flags(knob: str, overrides: dict[str, Any]) -> bool:
+    """Whether the command line set ``knob`` (the winning source)."""
+    return any(_current_name(name) == knob for name in overrides)
+
+
+def _from_environment(knob: str) -> bool:
+    """Whether a ``TRIOFORWARD_*`` variable sets ``knob`` (it wins over the file)."""
+    names = [knob, *(old for old, new in RENAMED_KNOBS.items() if new == knob)]
+    return any(f"TRIOFORWARD_{name.upper()}" in os.environ for name in names)
+
+
+def _current_name(name: str) -> str:
+    return RENAMED_KNOBS.get(name, name)
 
 
 def explain_bad_settings(exc: Exception, config_file: str, *, flag: bool = True) -> str:
