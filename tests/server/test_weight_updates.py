@@ -278,3 +278,30 @@ async def test_a_pause_that_contradicts_itself_is_refused_and_pauses_nothing(
             assert [e["paused"] for e in engines] == [False]
             assert not engine.rl.paused
             assert (await client.post("/v1/completions", json=BODY)).status_code == 200
+
+
+async def test_an_sglang_generate_ended_by_an_abort_pause_is_replayed_not_handed_out(
+    fd_baseline: int,
+) -> None:
+    # SGLang's /generate says abort as {"type": "abort"}: the gateway sees it too.
+    async with open_sim(kind="sglang", decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        client = gw.app.extensions["trioforward"].client
+        with trio.fail_after(10):
+            await client.engines.wait_kind(engine.url)
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 40}}
+        replies: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+
+            async def one() -> None:
+                replies.append(await c.post("/generate", json=body))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one)
+                with trio.fail_after(10):
+                    await engine.stats.wait_for(lambda s: s.running == 1)
+                paused = await c.post("/admin/pause", json={"engine_mode": "abort", "replay": "continue"})
+                assert paused.status_code == 200 and engine.stats.pause_aborted == 1
+                await c.post("/admin/resume", json={"weight_version": "v2"})
+        meta = replies[0].json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "length" and len(replies[0].json()["output_ids"]) == 40
+        assert engine.stats.by_path["/generate"] == 2  # replayed whole

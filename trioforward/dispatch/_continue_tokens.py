@@ -35,7 +35,7 @@ def aborted_tokens(req: Request, reply: Reply) -> Completion | None:
     """The answer of a token-level request, read by its dialect, if an engine
     pause ended some choice of it (``finish_reason`` "abort"), else ``None``."""
     render: Any = req.render
-    if not 200 <= reply.status < 300 or render is None:
+    if not 200 <= reply.status < 300 or not hasattr(render, "parse"):
         return None
     try:
         completion: Completion = render.parse(reply.content, req.weight_version)

@@ -30,8 +30,14 @@ _ABORT = b'"finish_reason":"abort"'
 
 def is_abort_answer(content: bytes) -> bool:
     """True if a completion body ends a choice with ``finish_reason: "abort"`` (vLLM,
-    SGLang: a request the engine aborted; orjson/FastAPI write no spaces)."""
-    return _ABORT in content or b'"finish_reason": "abort"' in content
+    SGLang's OpenAI routes: a request the engine aborted; orjson/FastAPI write no
+    spaces), or, on SGLang's ``/generate``, ``finish_reason: {"type": "abort"}``."""
+    return (
+        _ABORT in content
+        or b'"finish_reason": "abort"' in content
+        or b'"finish_reason":{"type":"abort"' in content
+        or b'"finish_reason": {"type": "abort"' in content
+    )
 
 
 async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
@@ -53,8 +59,9 @@ async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
             if req.replay is None or req.aborted_by_call:
                 return _shown(req, reply, crossed)
             # A token-level request is read by its engine's dialect (_continue_tokens).
-            tokens = aborted_tokens(req, reply) if req.render is not None else None
-            if tokens is None and (req.render is not None or not is_abort_answer(reply.content)):
+            token_level = hasattr(req.render, "parse")  # a Rendering, not a route's own
+            tokens = aborted_tokens(req, reply) if token_level else None
+            if tokens is None and (token_level or not is_abort_answer(reply.content)):
                 return _shown(req, reply, crossed)
             if not req.replay:
                 raise req.stamp(req.aborted()) from None
