@@ -125,6 +125,9 @@ def _vllm(root: Path, name: str, lora: bool) -> Server:
         # vLLM's RL endpoints (/pause, /resume, /is_paused, /update_weight_version):
         # the weight-update test (test_real_weight_update.py) pauses this engine.
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        # vLLM's token route (/inference/v1/generate, /inference/v1/abort_requests):
+        # test_real_token_route.py (docs/server.md, "Token routes").
+        argv += ["--enable-scale-out"]
     if lora:
         argv += ["--enable-lora", "--max-lora-rank", "8", "--max-loras", str(MAX_LORAS)]
         argv += ["--enable-log-requests"]  # logs "Aborted request(s) ID" (the disconnect test)

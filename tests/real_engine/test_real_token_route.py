@@ -1,0 +1,105 @@
+"""vLLM 0.32's token route (``--enable-scale-out``) through the gateway: the same
+answer as the engine gives directly, whole and streamed; the gateway's own
+token-level requests (complete(), Tinker) sent on it; a hang-up aborts the
+generation (docs/server.md, "Token routes"; docs/dispatch.md, "Engine dialects")."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import orjson
+import trio
+from conftest import Server
+from vllm_probes import MODEL, PROMPT_IDS
+
+import trioforward
+
+BODY = {
+    "model": MODEL,
+    "token_ids": PROMPT_IDS,
+    "sampling_params": {"max_tokens": 8, "temperature": 0.7, "seed": 11, "logprobs": 1, "n": 2},
+}
+
+
+def _events(content: bytes) -> list[dict]:
+    parts = [p for p in content.split(b"\n\n") if p]
+    assert parts[-1] == b"data: [DONE]"
+    return [orjson.loads(p[6:]) for p in parts[:-1]]
+
+
+async def test_token_route_through_the_gateway_equals_direct(vllm_base: Server, gateway_base: Server) -> None:
+    async with httpx.AsyncClient(timeout=120) as http:
+        engines = (await http.get(gateway_base.url + "/admin/engines")).json()["engines"]
+        assert [(e["kind"], e["token_route"]) for e in engines] == [("vllm", True)]
+        direct = (await http.post(vllm_base.url + "/inference/v1/generate", json={**BODY, "request_id": "d1"})).json()
+        r = await http.post(gateway_base.url + "/inference/v1/generate", json={**BODY, "request_id": "g1"})
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["request_id"] == "generate-tokens-g1"
+        for mine, theirs in zip(got["choices"], direct["choices"], strict=True):
+            assert mine["token_ids"] == theirs["token_ids"]
+            assert mine["weight_versions"] == theirs["weight_versions"]
+            lp = [c["logprob"] for c in mine["logprobs"]["content"]]
+            np.testing.assert_allclose(lp, [c["logprob"] for c in theirs["logprobs"]["content"]], rtol=1e-4, atol=1e-4)
+        stream = {**BODY, "stream": True}
+        direct_s = await http.post(vllm_base.url + "/inference/v1/generate", json=stream)
+        gw_s = await http.post(gateway_base.url + "/inference/v1/generate", json=stream)
+    assert gw_s.status_code == 200
+    def tokens(content: bytes, index: int) -> list[int]:
+        return [t for e in _events(content) for c in e["choices"] if c["index"] == index for t in c["token_ids"]]
+
+    for index in range(2):
+        assert tokens(gw_s.content, index) == tokens(direct_s.content, index)
+    assert tokens(gw_s.content, 0) == got["choices"][0]["token_ids"]
+
+
+async def test_complete_goes_on_the_token_route(vllm_base: Server) -> None:
+    async with trioforward.open_client(engines=[vllm_base.url]) as client:
+        with trio.fail_after(60):
+            info = await client.engines.wait_kind(vllm_base.url)
+        assert (info.kind, info.token_route) == ("vllm", True)
+        completion = await client.complete(model=MODEL, prompt=PROMPT_IDS, max_tokens=8, n=2, temperature=0.7, seed=5)
+    body = {"model": MODEL, "prompt": PROMPT_IDS, "return_token_ids": True, "logprobs": 1,
+            "max_tokens": 8, "n": 2, "temperature": 0.7, "seed": 5}  # fmt: skip
+    async with httpx.AsyncClient(timeout=60) as http:
+        direct = (await http.post(vllm_base.url + "/v1/completions", json=body)).json()
+    for mine, theirs in zip(completion.choices, direct["choices"], strict=True):
+        assert mine.tokens.tolist() == theirs["token_ids"]
+        want = np.array(theirs["logprobs"]["token_logprobs"], dtype=np.float32)
+        np.testing.assert_allclose(mine.logprobs, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tinker_sample_goes_on_the_token_route(gateway_base: Server, vllm_base: Server) -> None:
+    from test_real_tinker import direct, sampling_client, submit
+
+    before = vllm_base.count("/inference/v1/generate")
+    result = submit(sampling_client(gateway_base, base_model=MODEL), seed=3).result(timeout=120)
+    assert [s.tokens for s in result.sequences] == direct(vllm_base, MODEL, 3)
+    assert all(len(s.logprobs) == 8 for s in result.sequences)
+    assert vllm_base.count("/inference/v1/generate") > before  # vLLM's access log: the token route
+
+
+def test_a_hang_up_on_the_token_route_aborts_on_vllm(gateway_base: Server, vllm_base: Server) -> None:
+    import time
+
+    from test_real_disconnect import metric
+
+    n, max_tokens = 16, 250  # 4000 tokens: seconds of work on 2 cores, cut after the first event
+    generated = metric(vllm_base, "vllm:generation_tokens_total")
+    body = {
+        "model": MODEL,
+        "token_ids": [0, 413],
+        "sampling_params": {"n": n, "max_tokens": max_tokens, "ignore_eos": True},
+        "stream": True,
+    }
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", gateway_base.url + "/inference/v1/generate", json=body) as reply,
+    ):
+        assert reply.status_code == 200
+        next(reply.iter_raw())  # generation has started
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and metric(vllm_base, "vllm:num_requests_running") > 0:
+        time.sleep(0.2)
+    assert metric(vllm_base, "vllm:num_requests_running") == 0
+    assert metric(vllm_base, "vllm:generation_tokens_total") - generated < n * max_tokens
