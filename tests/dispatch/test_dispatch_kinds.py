@@ -22,10 +22,12 @@ async def test_each_engine_kind_is_detected_from_its_own_endpoints(fd_baseline: 
         open_engine(kind="none") as plain_vllm,
         open_engine(kind="sglang") as sglang,
         open_engine(kind="openai") as other,
-        client_for(vllm, plain_vllm, sglang, other) as client,
+        open_engine(scale_out=True) as scaled,
+        client_for(vllm, plain_vllm, sglang, other, scaled) as client,
     ):
         assert await kinds(client) == {
-            vllm.url: ("vllm", False),  # no --enable-scale-out: /inference/v1/generate is 404
+            vllm.url: ("vllm", False),  # no --enable-scale-out: /inference/v1/generate is 403
+            scaled.url: ("vllm", True),  # its validation error to the probe's {}
             plain_vllm.url: ("vllm", False),
             sglang.url: ("sglang", True),
             other.url: ("openai", False),
@@ -35,6 +37,7 @@ async def test_each_engine_kind_is_detected_from_its_own_endpoints(fd_baseline: 
         assert vllm.stats.by_path["/version"] == 1
         assert other.stats.by_path["/v1/models"] == 1
         assert sglang.stats.by_path[COMPLETION] == 0  # nothing generated to find out
+        assert scaled.stats.tokens_decoded == 0 and vllm.stats.tokens_decoded == 0
 
 
 async def test_an_operator_kind_is_not_detected_and_wins(fd_baseline: int) -> None:

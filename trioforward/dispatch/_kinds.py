@@ -16,9 +16,13 @@ engine is registered, from its own endpoints, on the control pool:
 
 What it serves: SGLang always serves its native ``POST /generate``; a vLLM
 serves ``POST /inference/v1/generate`` only when started with
-``--enable-scale-out`` or ``--tokens-only`` — ``GET`` on that path then answers
-405 (FastAPI's answer to a method a route does not take), 404 otherwise. No
-generation is ever started to find out.
+``--enable-scale-out`` or ``--tokens-only``. Without them vLLM 0.32 still
+registers the path, with a stand-in that answers every ``POST`` 403 "Scale-out
+endpoints are disabled" (``vllm/entrypoints/scale_out/factories.py``), so ``GET``'s
+405 says nothing either way. The probe is a ``POST`` of ``{}``: refused before any
+generation, 403 (or 404 on older releases) when the route is off, a validation
+error (400, or FastAPI's 422) when it is served. No generation is ever started to
+find out.
 
 An engine that cannot be reached is asked again later (:func:`detect_loop`);
 until then its kind is ``None`` and it takes no native-route request.
@@ -71,8 +75,17 @@ async def _get(pool: ConnectionPool, url: str, path: str, timeout: float) -> tup
 
 
 async def _token_route(pool: ConnectionPool, url: str, timeout: float) -> bool:
-    status, _ = await _get(pool, url, TOKEN_ROUTE["vllm"], timeout)
-    return status == 405
+    try:
+        response = await pool.request(
+            "POST",
+            url + TOKEN_ROUTE["vllm"],
+            headers=[(b"content-type", b"application/json")],
+            content=b"{}",
+            deadline=trio.current_time() + timeout,
+        )
+    except PoolError as exc:
+        raise _Unreachable(f"POST {TOKEN_ROUTE['vllm']}: {exc}") from exc
+    return response.status in (400, 422)
 
 
 async def detect(

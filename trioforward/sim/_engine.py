@@ -50,7 +50,13 @@ from trioforward.sim._sglang_info import INFO_PATHS, serve_info
 from trioforward.sim._stats import EngineStats
 from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
 from trioforward.sim._timing import TimingModel
-from trioforward.sim._token_routes import CONTROL_PATHS, serve_token_route, token_paths
+from trioforward.sim._token_routes import (
+    CONTROL_PATHS,
+    disabled_paths,
+    serve_disabled,
+    serve_token_route,
+    token_paths,
+)
 
 __all__ = ["SimEngine"]
 
@@ -142,6 +148,7 @@ class SimEngine(TimingModel):
         # (served only with --enable-scale-out, as vLLM 0.32).
         self.scale_out = scale_out
         self.token_paths = token_paths(kind, scale_out)
+        self.disabled_token_paths = disabled_paths(kind, scale_out)
         self.generation_paths = frozenset({*GENERATION_PATHS, *self.token_paths}) - CONTROL_PATHS
         self.adapters.owned_by = {"sglang": "sglang", "openai": "openai"}.get(kind, "vllm")
         # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT: how long /health waits while paused.
@@ -252,6 +259,8 @@ class SimEngine(TimingModel):
             return await self._reject(ex)
         if path in self.token_paths:
             return await serve_token_route(self, ex, method, request.headers, body)
+        if path in self.disabled_token_paths:
+            return await serve_disabled(ex, method)
         if path in self.generation_paths:
             if method != b"POST":
                 return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')

@@ -22,6 +22,29 @@ CONTROL_PATHS = frozenset({"/abort_request", _vllm_tokens.ABORT_PATH})
 _JSON = b"application/json"
 
 
+#: vLLM 0.32 without ``--enable-scale-out`` keeps the scale-out paths registered with
+#: a stand-in that answers every POST 403 (``vllm/entrypoints/scale_out/factories.py``,
+#: ``disabled_scale_out``; body as ``create_error_response`` makes it).
+DISABLED_BODY = (
+    b'{"error":{"message":"Scale-out endpoints are disabled. Restart vllm serve with '
+    b'--enable-scale-out to enable them.","type":"PermissionDeniedError","param":null,'
+    b'"code":403}}'
+)
+
+
+def disabled_paths(kind: str, scale_out: bool) -> frozenset[str]:
+    """The token-route paths a vLLM kind answers 403 (POST) / 405 (other methods)."""
+    if not scale_out and kind in ("vllm", "none"):
+        return frozenset({_vllm_tokens.PATH, _vllm_tokens.ABORT_PATH})
+    return frozenset()
+
+
+async def serve_disabled(ex: Exchange, method: bytes) -> None:
+    if method != b"POST":
+        return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')
+    return await ex.respond(403, _JSON, DISABLED_BODY)
+
+
 def token_paths(kind: str, scale_out: bool) -> frozenset[str]:
     if kind == "sglang":
         return frozenset({_sglang_generate.PATH, "/abort_request"})

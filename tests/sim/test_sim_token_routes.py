@@ -85,7 +85,11 @@ async def test_sglang_abort_by_prefix_answers_the_tokens_so_far(
 
 async def test_vllm_token_route_only_with_scale_out(fd_baseline: int) -> None:
     async with open_engine() as plain, open_engine(scale_out=True) as engine:
-        assert (await request(plain, "POST", "/inference/v1/generate", {})).status == 404
+        # Off, vLLM 0.32 answers the path 403 "Scale-out endpoints are disabled" (and
+        # GET 405), as recorded: neither answer tells whether the route is served.
+        off = await request(plain, "POST", "/inference/v1/generate", {})
+        assert off.status == 403 and off.json()["error"]["type"] == "PermissionDeniedError"
+        assert (await request(plain, "GET", "/inference/v1/generate")).status == 405
         assert (await request(engine, "GET", "/inference/v1/generate")).status == 405
         body = {"token_ids": [1, 2, 3], "request_id": "x", "sampling_params": {"max_tokens": 3, "logprobs": 1}}
         answer = (await request(engine, "POST", "/inference/v1/generate", body)).json()
