@@ -1,0 +1,91 @@
+"""POST /admin/abort of one rollout group while vLLM 0.32 (dev mode) decodes it.
+
+The group's requests come back 200 with the tokens decoded so far and
+``finish_reason: "abort"``; vLLM's own counters say those sequences stopped
+and nothing else did: ``vllm:request_success_total`` counts only the other
+group's sequences (vLLM 0.32 counts a sequence aborted through
+``/abort_requests`` in no ``finished_reason``), and
+``vllm:generation_tokens_total`` grew by far less than the aborted group's
+full length.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import httpx
+from conftest import Server
+from test_real_weight_update import _finished, _generated
+from vllm_probes import MODEL
+
+# 16 requests of 8 sequences of 240 tokens (max_model_len 256 minus the prompt):
+# seconds of work for the CPU engine (~5 s on a quiet 2-core machine), so the
+# abort lands while it decodes; the gateway's engine capacity is 16.
+N, SEQS, LONG, SHORT = 16, 8, 240, 16
+
+
+def _body(max_tokens: int) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "prompt": [0, 413],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "n": SEQS,
+    }
+
+
+def test_abort_a_group_while_vllm_decodes(gateway_base: Server, vllm_base: Server) -> None:
+    with httpx.Client(timeout=300) as http, ThreadPoolExecutor(2 * N) as pool:
+        before = _finished(http, vllm_base)
+        generated = _generated(http, vllm_base)
+
+        def post(group: str, max_tokens: int) -> httpx.Response:
+            return http.post(
+                gateway_base.url + "/v1/completions",
+                json=_body(max_tokens),
+                headers={"X-Rollout-Group": group},
+            )
+
+        doomed: list[Future[httpx.Response]] = [pool.submit(post, "RA", LONG) for _ in range(N)]
+        # Every request of the group sent (dispatched, all 16 fit the gateway's
+        # capacity), and the engine decoding them.
+        while True:
+            engines = http.get(gateway_base.url + "/admin/engines").json()["engines"]
+            if sum(e["in_flight"] for e in engines) + sum(f.done() for f in doomed) >= N:
+                break
+            time.sleep(0.01)
+        while _generated(http, vllm_base) <= generated:
+            assert not all(f.done() for f in doomed), "the group finished before vLLM was seen decoding"
+            time.sleep(0.02)
+        kept = [pool.submit(post, "RB", SHORT) for _ in range(2)]
+        answer = http.post(gateway_base.url + "/admin/abort", json={"group": "RA"})
+        assert answer.status_code == 200, answer.text
+        counts = answer.json()
+        assert counts["queued"] + counts["on_engine"] + counts["finished"] == N
+        aborted = [f.result() for f in doomed]
+        whole = [f.result() for f in kept]
+    cut = returned = 0
+    for response in aborted:
+        assert response.status_code == 200, response.text
+        for choice in response.json()["choices"]:
+            returned += len(choice["token_ids"])
+            if choice["finish_reason"] == "abort":
+                cut += 1
+                assert len(choice["token_ids"]) < LONG
+            else:  # finished before the abort reached it
+                assert len(choice["token_ids"]) == LONG
+    assert cut > 0, "the abort caught no sequence running"
+    for response in whole:
+        assert all(c["finish_reason"] == "length" and len(c["token_ids"]) == SHORT for c in response.json()["choices"])
+    with httpx.Client(timeout=30) as http:
+        after = _finished(http, vllm_base)
+        decoded = _generated(http, vllm_base) - generated
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    # Finished normally: the other group, and the group's sequences that ended first.
+    assert delta.get("length", 0) == 2 * SEQS + (N * SEQS - cut)
+    assert sum(delta.values()) == delta.get("length", 0)  # nothing else finished
+    # The engine stopped decoding the cut sequences: it decoded what came back,
+    # give or take the steps in flight, not their full length.
+    assert returned + 2 * SEQS * SHORT <= decoded < N * SEQS * LONG
