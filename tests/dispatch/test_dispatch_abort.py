@@ -76,3 +76,28 @@ async def test_abort_arguments_are_checked(fd_baseline: int) -> None:
             await client.abort(request_ids="one-id")  # type: ignore[arg-type]
         counts = await client.abort(group="nobody")
         assert counts.to_json() == {"queued": 0, "on_engine": 0, "finished": 0}
+
+
+async def test_abort_on_sglang_names_the_rid_of_its_native_route(fd_baseline: int) -> None:
+    # complete() on SGLang goes to /generate with the attempt's engine-side id as
+    # rid; the abort asks /abort_request {"rid"} and SGLang answers with its partial
+    # output (finish_reason type abort).
+    results: list[object] = []
+    async with open_engine(kind="sglang", decode_ms_per_token=5) as engine, client_for(
+        engine, abort_grace=30.0
+    ) as client:
+        await client.engines.wait_kind(engine.url)
+
+        async def one() -> None:
+            results.append(await client.complete(model="sim-base", prompt=[1, 2], max_tokens=LONG, group="s"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await until(lambda: engine.stats.running == 1)
+            counts = await client.abort(group="s")
+        assert counts.on_engine == 1
+        (completion,) = results
+        (choice,) = completion.choices  # type: ignore[attr-defined]
+        assert choice.finish_reason == "abort" and len(choice.tokens) < LONG
+        assert engine.stats.by_path["/abort_request"] >= 1
+        assert engine.stats.aborted == 0  # ended by its abort route, not a closed connection
