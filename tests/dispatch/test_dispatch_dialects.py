@@ -40,7 +40,7 @@ async def test_sample_on_vllm_with_the_token_route(fd_baseline: int) -> None:
         assert [ch.tokens.tolist() for ch in c.choices] == [
             expected_completion("sim-base", [4, 5], 1, i, 3)[0] for i in range(2)
         ]
-        # one GET (405: the kind detection finding the route), one generation
+        # one POST {} (400: the kind detection finding the route), one generation
         assert engine.stats.by_path["/inference/v1/generate"] == 2 and engine.stats.completed == 1
 
 
@@ -61,5 +61,5 @@ async def test_a_mixed_fleet_answers_alike_in_three_dialects(
             seen.add(c.engine)
         assert seen == {sglang.url, vllm.url, plain.url}
         assert sglang.stats.by_path["/generate"] == 2
-        assert vllm.stats.by_path["/inference/v1/generate"] == 1 + 2  # the detection's GET
+        assert vllm.stats.by_path["/inference/v1/generate"] == 1 + 2  # the detection's POST {}
         assert plain.stats.by_path["/v1/completions"] == 2

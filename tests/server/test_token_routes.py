@@ -93,7 +93,7 @@ async def test_vllm_token_route_through_the_gateway_as_direct(fd_baseline: int) 
         events = [orjson.loads(e[6:]) for e in stream.content.split(b"\n\n") if e and e != b"data: [DONE]"]
         assert sum((e["choices"][0]["token_ids"] for e in events), []) == want["choices"][0]["token_ids"]
         assert {e["request_id"] for e in events} == {"generate-tokens-abc"}
-        assert plain.stats.by_path["/inference/v1/generate"] == 1  # only the kind detection's GET
+        assert plain.stats.by_path["/inference/v1/generate"] == 1  # only the kind detection's POST {} (403: off)
 
 
 async def test_token_routes_take_the_api_key(fd_baseline: int) -> None:
