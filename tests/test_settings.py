@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trioforward import Settings, SettingsError, knobs
+from trioforward import Settings, SettingsError, TenantSpec, knobs
 from trioforward._settings import coerce
 
 # (kind, optional) -> a knob of that type, text inputs and what they read as,
@@ -70,6 +70,19 @@ TABLE: dict[tuple[type, bool], dict[str, Any]] = {
         "bad_text": [],
         "bad_value": [("a", 1), "a", None],
         "toml": (["a", "b"], ("a", "b")),
+    },
+    (TenantSpec, False): {
+        "knob": "tenants",
+        "text": {
+            "a:keys=k1|k2,weight=3,priority=1,max_outstanding=9; b:": {
+                "a": TenantSpec(("k1", "k2"), 3.0, 1, 9),
+                "b": TenantSpec(),
+            },
+            "": {},
+        },
+        "bad_text": ["a", "a:weight=0", "a:weight=x", "a:colour=red", "a:keys=k;b:keys=k", "a b:"],
+        "bad_value": [{"a": 1}, ["a"], None, {"a": {"priority": 1.5}}, {"a": {"max_outstanding": -1}}],
+        "toml": ({"a": {"keys": ["k"], "weight": 2}}, {"a": TenantSpec(("k",), 2.0)}),
     },
     (dict, False): {
         "knob": "adapters",

@@ -14,10 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 from trioforward._phase import Phase
 from trioforward._settings import RENAMED_KNOBS, Knob, Settings, SettingsError, knobs
+from trioforward._tenant_spec import TenantSpec
 
 __version__ = "0.1.0"
 
-__all__ = ["Phase", "Settings", "SettingsError", "Knob", "knobs", "RENAMED_KNOBS", "open_client", "Client", "__version__"]
+__all__ = [
+    "Phase",
+    "Settings",
+    "SettingsError",
+    "TenantSpec",
+    "Knob",
+    "knobs",
+    "RENAMED_KNOBS",
+    "open_client",
+    "Client",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from trioforward.dispatch import Client, open_client

@@ -21,6 +21,7 @@ from types import NoneType, UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from trioforward._state_url import StateURLError, check_state_url, redact_url
+from trioforward._tenant_spec import TenantSpec, TenantSpecError, parse_tenants
 
 __all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES", "RENAMED_KNOBS"]
 
@@ -104,6 +105,9 @@ class Settings:
     otlp_endpoint: str | None = _knob(None, "OpenTelemetry collector base URL (http://host:4318): spans go to URL/v1/traces over OTLP/HTTP protobuf; unset = the OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT variables, and no tracing without them (needs the tracing extra)", "URL", "tracing")
     trace_sample_ratio: float | None = _knob(None, "fraction 0..1 of new traces sampled (a client's traceparent decides its own); unset = OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG, else all", "ratio", "tracing")
     service_name: str | None = _knob(None, "service.name of the gateway's spans; unset = OTEL_SERVICE_NAME, else trioforward", "", "tracing")
+    # --- tenants (docs/dispatch.md, "Tenants and fair queueing") -------------
+    tenants: dict[str, TenantSpec] = _knob({}, "the tenant table: [tenants.NAME] keys, weight, priority, max_outstanding (as a string: NAME:keys=K1|K2,weight=3,priority=1,max_outstanding=N;NAME2:...); a key in api_keys but no tenant is a tenant of its own (key-N)", "tenants", "tenants", repr=False)
+    default_tenant: str = _knob("default", "the tenant of requests when no key is configured, and of embedded calls that name none", "", "tenants")
 
     # --- Tinker futures -------------------------------------------------------
     future_hold: float = _knob(30.0, "longest a retrieve_future poll is held before 408", "s", "tinker")
@@ -118,6 +122,8 @@ class Settings:
     member_ttl: float = _knob(1.0, "a member that has not written for this long leaves the fleet (its share returns, its pending futures answer 410); must outlast the longest event-loop stall", "s", "fleet")
 
     def __post_init__(self) -> None:
+        if isinstance(self.tenants, (dict, str)):  # TOML-shaped rows given directly
+            object.__setattr__(self, "tenants", coerce("tenants", self.tenants))
         for f in dataclasses.fields(self):
             _validate(f.name, getattr(self, f.name))
         if self.routing not in ROUTING_POLICIES:
@@ -156,6 +162,8 @@ class Settings:
             raise SettingsError("trace_sample_ratio", self.trace_sample_ratio, "must be in 0..1")
         if self.service_name is not None and not self.service_name.strip():
             raise SettingsError("service_name", self.service_name, "must not be empty")
+        if not self.default_tenant or len(self.default_tenant) > 64:
+            raise SettingsError("default_tenant", self.default_tenant, "must be a tenant name of 1-64 characters")
 
     @property
     def connections_per_engine(self) -> int:
@@ -272,7 +280,7 @@ class Knob:
         return _TYPE_NAMES.get(self.kind, self.kind.__name__)
 
 
-_TYPE_NAMES: dict[type, str] = {tuple: "list of strings", dict: "table name = path"}
+_TYPE_NAMES: dict[type, str] = {tuple: "list of strings", dict: "table name = path", TenantSpec: "tenant table"}
 _KINDS = (bool, int, float, str, tuple, dict)
 
 
@@ -291,6 +299,8 @@ def _kind_of(name: str, hint: Any) -> tuple[type, bool]:
         raise TypeError(f"setting {name!r}: unsupported annotation {hint!r}")
     if kind is tuple and get_args(hint) != (str, ...):
         raise TypeError(f"setting {name!r}: only tuple[str, ...] is supported")
+    if kind is dict and get_args(hint) == (str, TenantSpec):
+        return TenantSpec, optional  # the tenant table: a kind of its own
     if kind is dict and get_args(hint) != (str, str):
         raise TypeError(f"setting {name!r}: only dict[str, str] is supported")
     return kind, optional
@@ -323,6 +333,11 @@ def coerce(name: str, value: Any) -> Any:
         near = difflib.get_close_matches(name, [*_FIELD_KINDS, *RENAMED_KNOBS], n=1)
         raise SettingsError(name, value, f"unknown setting; did you mean {near[0]!r}?" if near else "unknown setting")
     kind, optional = _FIELD_KINDS[name]
+    if kind is TenantSpec:
+        try:
+            return parse_tenants(value)
+        except TenantSpecError as exc:
+            raise SettingsError(name, "<not shown: it holds API keys>", str(exc)) from None
     try:
         if isinstance(value, str):
             text = value.strip()
@@ -382,6 +397,9 @@ def _validate(name: str, value: Any) -> None:
     elif kind is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise SettingsError(name, value, "must map names to paths")
+    elif kind is TenantSpec:
+        if not isinstance(value, dict) or not all(isinstance(v, TenantSpec) for v in value.values()):
+            raise SettingsError(name, "<not shown>", "must map tenant names to TenantSpec (or be a [tenants.NAME] table)")
     elif kind is str and not isinstance(value, str):
         raise SettingsError(name, value, "must be a string")
 

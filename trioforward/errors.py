@@ -24,6 +24,7 @@ __all__ = [
     "DispatchTimeout",
     "QueueTimeout",
     "QueueFull",
+    "TenantQueueFull",
     "UpstreamBroken",
     "NoEngineAvailable",
     "AdapterLoadError",
@@ -118,6 +119,19 @@ class QueueFull(TrioforwardError):
 
     status = 429
     code = "queue_full"
+
+
+class TenantQueueFull(QueueFull):
+    """The request's tenant has its ``max_outstanding`` requests outstanding (its
+    row of the tenant table). 429, before the request holds anything; ``.tenant``
+    is the tenant's name."""
+
+    code = "tenant_queue_full"
+
+    def __init__(self, message: str, *, tenant: str, outstanding: int = 0) -> None:
+        super().__init__(message)
+        self.tenant = tenant
+        self.outstanding = outstanding  # the tenant's, when it was refused
 
 
 class UpstreamBroken(TrioforwardError):

@@ -6,7 +6,7 @@
         response = await client.post("/v1/completions", json={...})      # ForwardResponse
         completion = await client.complete(model="sim-base", prompt=[1, 2, 3], max_tokens=16)
 
-Engine registry with a per-engine ``trio.CapacityLimiter`` (the queue),
+Engine registry with a per-engine queue, weighted fair between tenants,
 dispatch-time deadlines, retries keyed on the failed :class:`~trioforward.http.Phase`,
 on-demand LoRA adapter loading, health probes and pause/resume (docs/dispatch.md).
 """
@@ -20,9 +20,11 @@ from trioforward.dispatch._client import Client, open_client
 from trioforward.dispatch._engine_control import ENGINE_MODES
 from trioforward.dispatch._dialect import TokenRequest
 from trioforward.dispatch._engines import EngineInfo
-from trioforward.dispatch._kinds import KINDS as ENGINE_KINDS
+from trioforward.dispatch._fair import FairOrder
 from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._identity import MAX_ID_LENGTH, bad_id_reason
+from trioforward.dispatch._kinds import KINDS as ENGINE_KINDS
+from trioforward.dispatch._tenants import QUEUE_TIME_BUCKETS, Tenant, TenantStatistics, TenantTable
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
 from trioforward.dispatch._weights import (
     EnginePause,
@@ -40,6 +42,11 @@ __all__ = [
     "Choice",
     "EngineInfo",
     "ClientStatistics",
+    "TenantStatistics",
+    "Tenant",
+    "TenantTable",
+    "FairOrder",
+    "QUEUE_TIME_BUCKETS",
     "Engines",
     "AdapterRegistry",
     "ENGINE_MODES",

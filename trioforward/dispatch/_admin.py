@@ -66,15 +66,15 @@ class Engines:
         Lowering a share never cancels running requests: it only stops new grants
         until fewer than ``tokens`` run. Raising it wakes queued requests at once.
         Raises ``KeyError`` for an unknown engine and ``ValueError`` for
-        ``tokens < 1`` (a trio ``CapacityLimiter`` holds at least one token).
+        ``tokens < 1`` (an engine queue holds at least one token).
         """
         engine = self._registry.get(url)
         if tokens is None:
-            engine.limiter.total_tokens = engine.capacity if engine.capacity > 0 else math.inf
+            engine.queue.total_tokens = engine.capacity if engine.capacity > 0 else math.inf
         elif tokens < 1:
             raise ValueError(f"an engine share is at least 1 request (got {tokens})")
         else:
-            engine.limiter.total_tokens = tokens
+            engine.queue.total_tokens = tokens
 
     async def wait_kind(self, url: str) -> EngineInfo:
         """Return once ``url``'s kind and token route are known (detected or set,

@@ -41,6 +41,7 @@ from trioforward.dispatch._request import (
     strip_response_headers,
 )
 from trioforward.dispatch._routing import stable_hash
+from trioforward.dispatch._tenants import Tenant, TenantTable
 from trioforward.dispatch._versions import VersionGate
 from trioforward.dispatch._tracing import Tracing, tracing_for
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
@@ -81,6 +82,8 @@ class Client(PauseGate):
             nursery.start_soon,
         )
         self._dispatcher = Dispatcher(settings, self._registry, pool, self._loader)
+        #: The tenant table (docs/dispatch.md, "Tenants and fair queueing").
+        self.tenants = TenantTable(settings)
         self._paused_all = False
         self._kinds = dict(settings.engine_kinds)  # URL -> kind set by the operator
         control = EngineControl(
@@ -161,6 +164,7 @@ class Client(PauseGate):
         session_implied: bool = False,
         request_id: str | None = None,
         group: str | None = None,
+        tenant: str | Tenant | None = None,
     ) -> Request:
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/': {path!r}")
@@ -195,8 +199,13 @@ class Client(PauseGate):
         if session_implied and self._prefix_routing:
             key = None  # not the caller's own key: the prompt routes
         session_hash = stable_hash(key) if key is not None and self._session_routing else None
+        if tenant is None:
+            who = self.tenants.default
+        else:
+            who = tenant if isinstance(tenant, Tenant) else self.tenants.named(tenant)
         req = Request(
-            method, path, pairs, content, model, is_adapter, session_hash, request_id or "", group
+            method, path, pairs, content, model, is_adapter, session_hash, request_id or "", group,
+            tenant=who,
         )
         if path == CONTINUABLE_PATH and method == "POST" and self._ids_understood():
             # Token ids make an aborted completion continuable (docs/operations.md).
@@ -223,6 +232,7 @@ class Client(PauseGate):
         on_dispatch: OnDispatch | None = None,
         request_id: str | None = None,
         group: str | None = None,
+        tenant: str | Tenant | None = None,
     ) -> ForwardResponse:
         """Forward ``POST path`` to an engine and return its answer, whatever its status.
 
@@ -243,6 +253,10 @@ class Client(PauseGate):
         ``group`` (the rollout group, default: the ``X-Rollout-Group`` header):
         printable ASCII without spaces, 1..128 characters, else ``ValueError``
         (docs/server.md, "Request ids and rollout groups").
+        ``tenant``: the tenant it is served for (a
+        name of the tenant table; ``None``: ``default_tenant``; docs/embedding.md,
+        "Tenants"); ``ValueError`` for an unknown name, :class:`~trioforward.errors.TenantQueueFull`
+        (429) beyond that tenant's ``max_outstanding``.
         """
         return await self.request(
             "POST",
@@ -255,6 +269,7 @@ class Client(PauseGate):
             on_dispatch=on_dispatch,
             request_id=request_id,
             group=group,
+            tenant=tenant,
         )
 
     async def request(
@@ -273,6 +288,7 @@ class Client(PauseGate):
         group: str | None = None,
         only: Callable[[Engine], bool] | None = None,
         render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
+        tenant: str | Tenant | None = None,
     ) -> ForwardResponse:
         """As :meth:`post`, with any method (``GET /v1/models`` ...). ``span``: the
         caller's own OpenTelemetry span for this request (the gateway's server
@@ -281,7 +297,7 @@ class Client(PauseGate):
         ``render(engine, engine_id) -> (path, body)``: each attempt's body (None:
         ``content`` as it is; docs/dispatch.md, "Engine dialects")."""
         req = self._request(
-            method, path, json, content, headers, session, session_implied, request_id, group
+            method, path, json, content, headers, session, session_implied, request_id, group, tenant
         )
         req.on_dispatch = on_dispatch
         req.only, req.render = only, render
@@ -331,6 +347,7 @@ class Client(PauseGate):
         group: str | None = None,
         only: Callable[[Engine], bool] | None = None,
         render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
+        tenant: str | Tenant | None = None,
     ) -> AsyncIterator[ForwardStream]:
         """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
         body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
@@ -338,7 +355,8 @@ class Client(PauseGate):
         ``span`` and ``only`` as for :meth:`request`; the spans end when the block exits.
         """
         req = self._request(
-            method, path, json, content, headers, session, request_id=request_id, group=group
+            method, path, json, content, headers, session,
+            request_id=request_id, group=group, tenant=tenant,
         )
         req.on_dispatch = on_dispatch
         req.only, req.render = only, render
@@ -400,6 +418,7 @@ class Client(PauseGate):
         session: str | None = None,
         request_id: str | None = None,
         group: str | None = None,
+        tenant: str | None = None,
         **extra: Any,
     ) -> Completion:
         """Sample ``n`` completions of token-id ``prompt`` (:meth:`sample`: ``POST
@@ -437,6 +456,7 @@ class Client(PauseGate):
             completions_body=content,
             request_id=request_id,
             group=group,
+            tenant=tenant,
         )
 
     async def sample(
@@ -449,6 +469,7 @@ class Client(PauseGate):
         completions_body: bytes | None = None,
         request_id: str | None = None,
         group: str | None = None,
+        tenant: str | Tenant | None = None,
     ) -> Completion:
         """Sample a token-level ``request`` on whichever engine routing picks, in
         that engine's dialect (docs/dispatch.md, "Engine dialects"): SGLang
@@ -456,7 +477,7 @@ class Client(PauseGate):
         ``/v1/completions`` with ``return_token_ids`` (``completions_body``: that
         body already encoded, sent as is). Every attempt gets a fresh engine-side id.
         Returns and raises as :meth:`complete`; ``session``, ``session_implied``
-        ``headers``, ``request_id`` and ``group`` as for :meth:`post`. ``request.extra`` goes to
+        ``headers``, ``request_id``, ``group`` and ``tenant`` as for :meth:`post`. ``request.extra`` goes to
         ``/v1/completions`` engines only.
         """
         response, parse = await self.sample_response(
@@ -467,6 +488,7 @@ class Client(PauseGate):
             completions_body=completions_body,
             request_id=request_id,
             group=group,
+            tenant=tenant,
         )
         return completion_of(response, parse)
 
@@ -480,6 +502,7 @@ class Client(PauseGate):
         completions_body: bytes | None = None,
         request_id: str | None = None,
         group: str | None = None,
+        tenant: str | Tenant | None = None,
     ) -> tuple[ForwardResponse, Callable[[bytes, str | None], Completion]]:
         """As :meth:`sample`, but the engine's answer as it came, whatever its
         status, with the function that decodes a 2xx body of it (the dialect of
@@ -499,6 +522,7 @@ class Client(PauseGate):
             session_implied,
             request_id,
             group,
+            tenant,
         )
         req.render = rendering
         return await self._answer(req), rendering.parse
@@ -555,6 +579,7 @@ class Client(PauseGate):
             adapters_loaded=self._loader.loaded(),
             adapters_registered=len(self.adapters.list()),
             pool=self._pool.statistics(),
+            tenants={t.name: t.statistics() for t in self.tenants},
         )
 
 

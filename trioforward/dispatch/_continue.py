@@ -289,8 +289,10 @@ def i_choice(doc: dict[str, Any], n: int) -> int:
 
 def derived(req: Request, content: bytes) -> Request:
     """A fresh request carrying one continuation: ``req``'s route, headers and
-    routing key with body ``content``."""
-    sub = Request(req.method, req.url_path, req.headers, content, req.model, req.is_adapter, req.session)
+    routing key and tenant with body ``content``."""
+    sub = Request(
+        req.method, req.url_path, req.headers, content, req.model, req.is_adapter, req.session, tenant=req.tenant
+    )
     sub.on_dispatch = req.on_dispatch
     return sub
 

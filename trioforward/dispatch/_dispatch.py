@@ -52,7 +52,8 @@ from trioforward.dispatch._policy import (
 from trioforward.dispatch._queueing import acquire, conserve
 from trioforward.dispatch._request import Request
 from trioforward.dispatch._routing import Router
-from trioforward.errors import QueueFull, TrioforwardError
+from trioforward.dispatch._tenants import refusal
+from trioforward.errors import TenantQueueFull, TrioforwardError
 from trioforward.http import ConnectionPool, PoolError, PoolTimeout, Response, StreamResponse
 
 __all__ = ["Dispatcher", "Reply"]
@@ -115,7 +116,8 @@ class Dispatcher:
         error.retry_after = retry_after_hint(
             error,
             self.registry,
-            outstanding=self.outstanding,
+            # A tenant's own requests are what must drain before its next one is admitted.
+            outstanding=error.outstanding if isinstance(error, TenantQueueFull) else self.outstanding,
             engine_time=self.engine_time_avg,
             health_interval=s.health_interval,
             health_successes=s.health_successes,
@@ -131,6 +133,7 @@ class Dispatcher:
         Raises a :class:`TrioforwardError` subclass with ``.phase``,
         ``.attempts``, ``.engine``, ``.queue_time`` and ``.engine_time`` set
         (:class:`QueueFull` beyond ``max_outstanding`` outstanding requests,
+        :class:`TenantQueueFull` beyond its tenant's,
         :class:`DispatchAborted` when ``req`` is aborted).
         """
         async with self._dispatch(req, stream=False) as reply:
@@ -161,10 +164,12 @@ class Dispatcher:
         """
         if not req.request_id:
             req.request_id = self.ids.request_id()
-        if self.max_outstanding and self.outstanding >= self.max_outstanding:
-            limit = f"more than {self.max_outstanding} requests outstanding (max_outstanding)"
-            raise self._hinted(req.stamp(QueueFull(limit)))
+        tenant = req.tenant
+        refused = refusal(tenant, self.outstanding, self.max_outstanding)
+        if refused is not None:
+            raise self._hinted(req.stamp(refused))
         self.outstanding += 1
+        tenant.outstanding += 1
         try:
             self.requests_total += 1
             arrival = trio.current_time()
@@ -184,6 +189,7 @@ class Dispatcher:
                         )
                         deadline = start + budget
                         self.in_flight += 1
+                        tenant.in_flight += 1
                         engine.in_flight += 1
                         engine.calls.add(req)
                         req.engine = engine
@@ -214,6 +220,10 @@ class Dispatcher:
             raise self._hinted(req.stamp(req.aborted()))
         finally:
             self.outstanding -= 1
+            tenant.outstanding -= 1
+            if req.attempts:
+                tenant.served += 1
+            tenant.observe_queue_time(req.queue_time)
 
     def _give_back(self, req: Request, engine: Engine, start: float, reply: Reply | None = None) -> float:
         """End ``req``'s dispatch on ``engine`` (capacity, counts; ``reply``'s body
@@ -228,8 +238,9 @@ class Dispatcher:
             assert req.model is not None
             self.loader.end(engine, req.model)
         self.in_flight -= 1
+        req.tenant.in_flight -= 1
         engine.calls.discard(req)
-        engine.limiter.release_on_behalf_of(req)
+        engine.queue.give_back()
         engine.call_finished()
         conserve(self.router, self.registry, engine)
         t0 = trio.current_time()
@@ -241,8 +252,11 @@ class Dispatcher:
     async def _queue(
         self, req: Request, avoid: Engine | None, queue_deadline: float, t0: float
     ) -> tuple[Engine, float]:
-        """QUEUED from ``t0``: :func:`acquire`, counted in ``queued`` and ``req.queue_time``."""
+        """QUEUED from ``t0``: :func:`acquire`, counted in ``queued`` (the client's and
+        the tenant's) and ``req.queue_time``."""
         self.queued += 1
+        tenant = req.tenant
+        tenant.queued += 1
         try:
             engine, start = await acquire(
                 req,
@@ -262,6 +276,7 @@ class Dispatcher:
             raise
         finally:
             self.queued -= 1
+            tenant.queued -= 1
         req.queue_time += start - t0
         if req.trace is not None:
             req.trace.queued(t0, start, engine)

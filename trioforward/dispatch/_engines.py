@@ -1,8 +1,10 @@
-"""The engine registry: one record per engine, its capacity limiter and its health.
+"""The engine registry: one record per engine, its capacity and queue, and its health.
 
-Each :class:`Engine` owns a ``trio.CapacityLimiter`` of ``engine_capacity``
-tokens. The limiter *is* the engine's queue (docs/design.md, "Engines, capacity and routing"): FIFO, parked tasks are
-woken one by one as tokens come back, nothing rescans waiters. A request that
+Each :class:`Engine` owns a :class:`~trioforward.dispatch._fair.FairQueue` of
+``engine_capacity`` tokens. That *is* the engine's queue (docs/dispatch.md,
+"Engines, capacity and routing"): weighted fair between tenants, FIFO within one;
+parked tasks are handed tokens one by one as they come back, nothing rescans
+waiters. A request that
 finds no eligible engine at all (every engine paused or ejected) parks in the
 registry's own FIFO lot and is let go, in order, when one becomes eligible.
 
@@ -24,6 +26,7 @@ import trio
 
 from trioforward._engine_url import engine_url
 from trioforward._words import count_of
+from trioforward.dispatch._fair import FairQueue
 from trioforward.dispatch._routing import stable_hash
 
 if TYPE_CHECKING:
@@ -39,9 +42,9 @@ class EngineInfo:
     """A snapshot of one engine (``client.engines.list()``).
 
     ``in_flight``: requests holding its capacity; ``queued``: waiting for it;
-    ``capacity``: its limiter size (0 = unlimited); ``consecutive_failures``:
+    ``capacity``: its queue's size (0 = unlimited); ``consecutive_failures``:
     failed health probes and connects since the last success; ``share``: requests
-    this process may run on it at once (its limiter's tokens: ``capacity`` unless
+    this process may run on it at once (its queue's tokens: ``capacity`` unless
     a fleet set a smaller share, docs/fleet.md; 0 = unlimited); ``kind``:
     ``"vllm"``, ``"sglang"``, ``"openai"`` or ``None`` (not known yet);
     ``token_route``: whether it serves its kind's token route (SGLang
@@ -73,9 +76,8 @@ class Engine:
         "url",
         "seed",
         "capacity",
-        "limiter",
+        "queue",
         "in_flight",
-        "queued",
         "healthy",
         "paused",
         "removed",
@@ -83,7 +85,6 @@ class Engine:
         "consecutive_failures",
         "consecutive_successes",
         "calls",
-        "waiters",
         "_idle",
         "health_scope",
         "paused_since",
@@ -100,9 +101,8 @@ class Engine:
         self.url = url.rstrip("/")
         self.seed = stable_hash(self.url)
         self.capacity = capacity
-        self.limiter = trio.CapacityLimiter(capacity if capacity > 0 else math.inf)
+        self.queue = FairQueue(capacity if capacity > 0 else math.inf, self)
         self.in_flight = 0
-        self.queued = 0
         self.healthy = True
         self.paused = False
         self.paused_since: float | None = None  # trio time of the pause (Retry-After hints)
@@ -112,7 +112,6 @@ class Engine:
         self.consecutive_failures = 0
         self.consecutive_successes = 0
         self.calls: set[Request] = set()  # dispatched here (for abort)
-        self.waiters: dict[Request, None] = {}  # parked in the limiter, oldest first
         self._idle: trio.Event | None = None
         self.health_scope: trio.CancelScope | None = None
         # Set by the kind detection (_kinds.py); kind_known once both are.
@@ -127,13 +126,18 @@ class Engine:
         self.reported_version: str | None = None
 
     @property
+    def queued(self) -> int:
+        """Requests parked in this engine's queue."""
+        return len(self.queue)
+
+    @property
     def outstanding(self) -> int:
-        return self.in_flight + self.queued
+        return self.in_flight + len(self.queue)
 
     @property
     def free_slot(self) -> bool:
         """A request routed here now takes a token without queueing."""
-        return self.limiter.available_tokens >= 1
+        return self.queue.available_tokens >= 1
 
     def info(self) -> EngineInfo:
         return EngineInfo(
@@ -144,7 +148,7 @@ class Engine:
             self.queued,
             self.capacity,
             self.consecutive_failures,
-            int(tokens) if (tokens := self.limiter.total_tokens) != math.inf else 0,
+            int(tokens) if (tokens := self.queue.total_tokens) != math.inf else 0,
             self.kind,
             self.token_route if self.kind_known.is_set() else None,
             self.held_out,
@@ -153,7 +157,7 @@ class Engine:
 
     def reroute_waiters(self) -> None:
         """Send every request queued here back to routing (state changed)."""
-        for request in self.waiters:
+        for request in self.queue:
             request.rerouted = True
             if request.queue_scope is not None:
                 request.queue_scope.cancel()

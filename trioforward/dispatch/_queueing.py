@@ -49,15 +49,10 @@ async def acquire(
     while True:
         if drain.over():
             raise drain.refusal()
-        engine = req.moved_to
-        req.moved_to = None
-        if engine is None or not engine.eligible:
-            engines = registry.engines
-            if req.only is not None:
-                engines = [e for e in engines if req.only(e)]
-            engine = router.pick(engines, session=req.session, avoid=avoid, prefix=req.prefix)
-        elif router.prefix is not None and req.prefix is not None:
-            router.prefix.moved(req.prefix, engine)  # its next turn follows it
+        engines = registry.engines
+        if req.only is not None:
+            engines = [e for e in engines if req.only(e)]
+        engine = router.pick(engines, session=req.session, avoid=avoid, prefix=req.prefix)
         if engine is None:
             if not registry.engines:
                 raise NoEngineAvailable("no engine is registered")
@@ -89,10 +84,8 @@ async def acquire(
         if woken:
             registry.wake()  # hand the wake-up on: parked requests leave in FIFO order
             woken = False
-        limiter = engine.limiter
-        try:
-            limiter.acquire_on_behalf_of_nowait(req)
-        except trio.WouldBlock:
+        queue = engine.queue
+        if not queue.take_nowait():
             waited = True
             if trio.current_time() >= queue_deadline:
                 raise QueueTimeout(
@@ -100,16 +93,13 @@ async def acquire(
                 ) from None
             req.rerouted = False
             scope = req.queue_scope = trio.CancelScope(deadline=min(queue_deadline, drain.cutoff))
-            engine.queued += 1
-            engine.waiters[req] = None
+            got = None
             try:
                 with scope, drain.bounding(scope, for_engine=False):
-                    await limiter.acquire_on_behalf_of(req)
+                    got = await queue.take(req)
             finally:
-                engine.queued -= 1
-                engine.waiters.pop(req, None)
                 req.queue_scope = None
-            if scope.cancelled_caught:
+            if got is None:
                 if req.rerouted:
                     continue  # paused/ejected/removed while we queued: route again
                 if drain.over():
@@ -117,34 +107,30 @@ async def acquire(
                 raise QueueTimeout(
                     "engine capacity not available before queue_timeout", engine=engine.url
                 ) from None
+            if got is not queue:
+                # Work conservation handed it a free slot of another engine (conserve).
+                engine = got.owner
+                if router.prefix is not None and req.prefix is not None:
+                    router.prefix.moved(req.prefix, engine)  # its next turn follows it
         if engine.eligible:
-            req.moved_to = None  # moved too late: the token came first
             return engine, (trio.current_time() if waited else now)
         # Became ineligible between the token hand-off and now.
-        limiter.release_on_behalf_of(req)
+        engine.queue.give_back()
         avoid = None
 
 
 def conserve(router: Router, registry: Registry, engine: Engine) -> None:
     """Work conservation under ``routing = "prefix"`` (docs/dispatch.md): a slot
-    of ``engine`` that no request queued there takes goes to the request queued
-    last on the engine with the longest queue, if ``engine`` is within the load
-    bound. Requests with a session key stay where their session is."""
+    of ``engine`` that no request queued there takes goes to the request the
+    engine with the longest queue would serve next (its fair order: the next
+    tenant's oldest request), if ``engine`` is within the load bound. That
+    request wakes holding the slot (``FairQueue.hand_over``). Requests with a
+    session key stay where their session is."""
     prefix = router.prefix
-    if prefix is None or not engine.eligible or engine.limiter.available_tokens < 1:
+    if prefix is None or not engine.eligible or engine.queue.available_tokens < 1:
         return
     engines = registry.engines
-    donor = max(engines, key=lambda e: len(e.waiters))
-    if donor is engine or not donor.waiters or engine.outstanding >= prefix.room(engines):
+    donor = max(engines, key=lambda e: len(e.queue))
+    if donor is engine or not len(donor.queue) or engine.outstanding >= prefix.room(engines):
         return
-    for req in reversed(donor.waiters):
-        if (
-            req.session is None
-            and not req.rerouted
-            and req.queue_scope is not None
-            and (req.only is None or req.only(engine))
-        ):
-            req.rerouted = True
-            req.moved_to = engine
-            req.queue_scope.cancel()
-            return
+    donor.queue.hand_over(engine.queue, lambda req: req.only is None or req.only(engine))

@@ -1,7 +1,7 @@
 """One forwarded request's state, and the header rules applied to it.
 
 A :class:`Request` lives from ``client.post``/``client.stream`` to the answer;
-it is the limiter borrower, the handle ``pause(mode="abort")`` cancels through,
+it is what waits in an engine's queue (for its tenant), the handle ``pause(mode="abort")`` cancels through,
 and where attempts, phases and times accumulate for errors and statistics.
 
 Its identity is here too (docs/server.md, "Request ids and rollout groups"):
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from trioforward.dispatch._engines import Engine
     from trioforward.http import StreamResponse
     from trioforward.dispatch._prefix import PrefixKey
+    from trioforward.dispatch._tenants import Tenant
     from trioforward.dispatch._tracing import RequestTrace
 
 __all__ = [
@@ -135,8 +136,14 @@ def strip_response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[byt
     return [h for h in headers if h[0] not in HOP_BY_HOP]
 
 
+def _unnamed() -> Tenant:
+    from trioforward.dispatch._tenants import Tenant
+
+    return Tenant("default")
+
+
 class Request:
-    """Per-request dispatch state. Also the ``CapacityLimiter`` borrower."""
+    """Per-request dispatch state; what an engine's queue holds (``_fair.py``)."""
 
     __slots__ = (
         "method",
@@ -150,7 +157,7 @@ class Request:
         "scope",
         "queue_scope",
         "rerouted",
-        "moved_to",
+        "tenant",
         "abort_reason",
         "phase",
         "attempts",
@@ -192,6 +199,8 @@ class Request:
         session: int | None,
         request_id: str = "",
         group: str | None = None,
+        *,
+        tenant: Tenant | None = None,
     ) -> None:
         self.method = method
         self.url_path = url_path
@@ -204,7 +213,9 @@ class Request:
         self.scope = trio.CancelScope()
         self.queue_scope: trio.CancelScope | None = None
         self.rerouted = False
-        self.moved_to: Engine | None = None  # a free slot that took it from a queue
+        # Whose share of the engines it is served from (the client always names
+        # one; a Request built on its own belongs to a tenant of its own).
+        self.tenant = tenant if tenant is not None else _unnamed()
         self.abort_reason: str | None = None
         self.phase = Phase.QUEUED
         self.attempts = 0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from trioforward.dispatch._tenants import TenantStatistics
 from trioforward.http import PoolStatistics
 
 __all__ = ["ForwardResponse", "ClientStatistics"]
@@ -63,7 +64,8 @@ class ClientStatistics:
     makes one per step); ``adapters_loaded``: engine URL -> the adapters the
     gateway keeps loaded there (least recently used first, at most
     ``max_loaded_adapters``); ``adapters_registered``: how many are registered; ``pool``:
-    the forwarding pool's own statistics.
+    the forwarding pool's own statistics; ``tenants``: tenant name ->
+    :class:`~trioforward.dispatch.TenantStatistics` (every tenant of the table).
     """
 
     requests_total: int
@@ -76,3 +78,4 @@ class ClientStatistics:
     adapters_loaded: dict[str, list[str]]
     adapters_registered: int
     pool: PoolStatistics
+    tenants: dict[str, TenantStatistics] = field(default_factory=dict)

@@ -17,8 +17,8 @@ def fair_split(capacity: int, demands: Mapping[str, int]) -> dict[str, int]:
     """Split ``capacity`` requests over members with the given ``demands``
     (member id -> requests queued + running on this member for the engine).
 
-    Max-min fair with a floor of one: each member gets 1 first (a trio
-    ``CapacityLimiter`` cannot hold 0 tokens, and an idle member can then start
+    Max-min fair with a floor of one: each member gets 1 first (an engine
+    queue cannot hold 0 tokens, and an idle member can then start
     a request without waiting for a re-split); the rest is water-filled over the
     demands above that floor, and whatever no member demands is spread evenly,
     so the shares always sum to ``capacity``. Integer remainders go to members

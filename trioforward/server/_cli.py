@@ -54,6 +54,8 @@ _METAVARS = {
     "admin_token": "TOKEN",
     "fleet_name": "NAME",
     "service_name": "NAME",
+    "tenants": "NAME:keys=K1|K2,weight=W,priority=P,max_outstanding=N;...",
+    "default_tenant": "NAME",
 }
 
 

@@ -1,0 +1,143 @@
+"""The engine queue on its own: start-time fair order, classes, cancellation, hand-over
+(docs/dispatch.md, "Tenants and fair queueing")."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from trioforward.dispatch._fair import FairQueue
+from trioforward.dispatch._tenants import Tenant
+
+
+class Req:
+    """What the queue reads of a request."""
+
+    def __init__(self, tenant: Tenant, name: str, session: int | None = None) -> None:
+        self.tenant = tenant
+        self.name = name
+        self.session = session
+        self.rerouted = False
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+async def _park(queue: FairQueue, nursery: trio.Nursery, reqs: list[Req], got: list[Any]) -> None:
+    for r in reqs:
+
+        async def wait(r: Req = r) -> None:
+            q = await queue.take(r)  # type: ignore[arg-type]
+            got.append((r.name, q))
+
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+
+
+async def _serve(queue: FairQueue, got: list[Any], count: int) -> list[str]:
+    """Free ``count`` slots one by one; the names of who got them, in order."""
+    start = len(got)
+    for _ in range(count):
+        queue.give_back()
+        await trio.testing.wait_all_tasks_blocked()
+    return [name for name, _ in got[start:]]
+
+
+async def test_weights_interleave_and_a_flow_stays_fifo() -> None:
+    a, b = Tenant("a", weight=2), Tenant("b", weight=1)
+    queue = FairQueue(1)
+    assert queue.take_nowait()
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        await _park(queue, nursery, [Req(a, f"a{i}") for i in range(6)], got)
+        await _park(queue, nursery, [Req(b, f"b{i}") for i in range(3)], got)
+        assert len(queue) == 9 and not queue.take_nowait()
+        order = await _serve(queue, got, 9)
+    # Start tags: a 0, .5, 1, 1.5, 2, 2.5; b 0, 1, 2: a tie goes to the flow that
+    # was (re)queued first.
+    assert order == ["a0", "b0", "a1", "b1", "a2", "a3", "b2", "a4", "a5"]
+    assert len(queue) == 0 and queue.borrowed_tokens == 1
+
+
+async def test_an_idle_tenant_earns_no_credit() -> None:
+    a, b = Tenant("a"), Tenant("b")
+    queue = FairQueue(1)
+    assert queue.take_nowait()
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        await _park(queue, nursery, [Req(a, f"a{i}") for i in range(10)], got)
+        assert await _serve(queue, got, 6) == [f"a{i}" for i in range(6)]
+        # B arrives after A was served alone for six slots: it starts at the
+        # current virtual time, not at 0 (which would give it the next six).
+        await _park(queue, nursery, [Req(b, f"b{i}") for i in range(4)], got)
+        order = await _serve(queue, got, 8)
+        assert order == ["b0", "a6", "b1", "a7", "b2", "a8", "b3", "a9"]
+        queue.give_back()
+
+
+async def test_a_higher_class_first_and_fair_within_it() -> None:
+    low, hi1, hi2 = Tenant("low", weight=50), Tenant("hi1", priority=2), Tenant("hi2", priority=2)
+    queue = FairQueue(1)
+    assert queue.take_nowait()
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        await _park(queue, nursery, [Req(low, f"l{i}") for i in range(3)], got)
+        await _park(queue, nursery, [Req(hi1, f"x{i}") for i in range(2)], got)
+        await _park(queue, nursery, [Req(hi2, f"y{i}") for i in range(2)], got)
+        order = await _serve(queue, got, 7)
+        queue.give_back()
+    assert order == ["x0", "y0", "x1", "y1", "l0", "l1", "l2"]
+
+
+async def test_a_cancelled_waiter_leaves_its_flow_at_once() -> None:
+    a, b = Tenant("a"), Tenant("b")
+    queue = FairQueue(1)
+    assert queue.take_nowait()
+    got: list[Any] = []
+    scopes: dict[str, trio.CancelScope] = {}
+    async with trio.open_nursery() as nursery:
+        for r in [Req(a, "a0"), Req(b, "b0"), Req(b, "b1")]:
+
+            async def wait(r: Req = r) -> None:
+                with trio.CancelScope() as scopes[r.name]:
+                    got.append((r.name, await queue.take(r)))  # type: ignore[arg-type]
+
+            nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+        scopes["b0"].cancel()
+        scopes["b1"].cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(queue) == 1 and sorted(r.name for r in queue) == ["a0"]  # type: ignore[attr-defined]
+        assert await _serve(queue, got, 1) == ["a0"]
+        # B's emptied flow left a stale heap entry: it is skipped, never served.
+        await _park(queue, nursery, [Req(b, "b2")], got)
+        assert await _serve(queue, got, 1) == ["b2"]
+        queue.give_back()
+    assert queue.borrowed_tokens == 0
+
+
+async def test_raising_the_tokens_wakes_waiters_and_hand_over_gives_another_queues_slot() -> None:
+    a = Tenant("a")
+    home, other = FairQueue(1, "home"), FairQueue(2, "other")
+    assert home.take_nowait()
+    got: list[Any] = []
+    async with trio.open_nursery() as nursery:
+        pinned = Req(a, "pinned", session=7)
+        await _park(home, nursery, [pinned, Req(a, "a1"), Req(a, "a2")], got)
+        # Work conservation: the oldest request that may move (no session key).
+        moved = home.hand_over(other)
+        assert moved is not None and moved.name == "a1"  # type: ignore[attr-defined]
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [("a1", other)] and other.borrowed_tokens == 1 and len(home) == 2
+        home.total_tokens = 3  # a larger fleet share: both waiters go at once
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(name for name, _ in got[1:]) == ["a2", "pinned"] and home.borrowed_tokens == 3
+        assert home.hand_over(other) is None  # nothing parked
+    with pytest.raises(ValueError):
+        home.total_tokens = 0
+    home.total_tokens = math.inf
+    assert home.available_tokens == math.inf
