@@ -12,9 +12,15 @@ import pytest
 from prometheus_client import multiprocess, values
 from prometheus_client.parser import text_string_to_metric_families
 
+from trioforward.dispatch import QUEUE_TIME_BUCKETS, TenantStatistics
 from trioforward.server._metrics import MULTIPROC_ENV, Metrics
 
 ENGINE = "http://127.0.0.1:1"
+
+
+def _tenant(served: int, queued: int) -> TenantStatistics:
+    buckets = (0,) * len(QUEUE_TIME_BUCKETS) + (served,)
+    return TenantStatistics("a", 1.0, 0, 0, queued, queued, 0, served, 1, buckets, 0.0)
 
 
 def _client(requests: int, in_flight: int, queued: int, active: int, retries: int) -> Any:
@@ -32,6 +38,7 @@ def _client(requests: int, in_flight: int, queued: int, active: int, retries: in
         adapters_loaded={ENGINE: ["a"]},
         adapters_registered=1,
         pool=pool,
+        tenants={"a": _tenant(requests, queued)},
     )
     engine = SimpleNamespace(url=ENGINE, healthy=True, paused=False)
     return SimpleNamespace(statistics=lambda: stats, engines=SimpleNamespace(list=lambda: [engine]))
@@ -86,6 +93,10 @@ def test_a_scrape_of_one_worker_sums_every_dispatch_series_over_the_box(worker_m
     # One engine, seen by both workers: not doubled.
     assert seen[("trioforward_adapters_loaded", (("engine", ENGINE),))] == 1
     assert seen[("trioforward_engine_healthy", (("engine", ENGINE),))] == 1
+    # Per tenant, by name only: counters summed, gauges summed over live workers.
+    assert seen[("trioforward_tenant_served_total", (("tenant", "a"),))] == 12
+    assert seen[("trioforward_tenant_rejections_total", (("tenant", "a"),))] == 2
+    assert seen[("trioforward_tenant_queued", (("tenant", "a"),))] == 5
     # Each sample once in the exposition (no per-worker copy beside the sum).
     assert len([k for k in seen if k[0] == "trioforward_in_flight"]) == 1
 

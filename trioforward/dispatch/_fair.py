@@ -124,6 +124,17 @@ class FairOrder(Generic[K]):
         del self._flows[tenant].items[key]
         self._count -= 1
 
+    def remove_where(self, pred: Callable[[K, Any], bool]) -> list[tuple[K, Any]]:
+        """Remove every ``(key, value)`` for which ``pred(key, value)`` holds, unserved,
+        and return them (per tenant oldest first). O(items held): for rare calls
+        such as an abort, never on a request's path."""
+        out: list[tuple[K, Any]] = []
+        for flow in self._flows.values():
+            for key in [k for k, v in flow.items.items() if pred(k, v)]:
+                out.append((key, flow.items.pop(key)))
+                self._count -= 1
+        return out
+
     def _top(self) -> _Flow:
         heap = self._heap
         while True:

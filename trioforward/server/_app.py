@@ -31,6 +31,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward import Settings, SettingsError
+from trioforward.dispatch import TenantTable
 from trioforward.server._abort import abort_here
 from trioforward.server._admin_log import install_admin_log
 from trioforward.server._asgi import Front
@@ -220,11 +221,12 @@ async def _open_fleet(client: Any, settings: Settings) -> AsyncIterator[Any]:
 def _install_hooks(app: QuartTrio, settings: Settings) -> None:
     install_admin_log(app)
     install_admin_spans(app, lambda: getattr(app.extensions.get(STATE_KEY), "tracing", None))
+    tenants = TenantTable(settings)  # the keys: which tenant matters only on the front's routes
 
     @app.before_request
     async def _authenticate() -> Response | None:
         try:
-            check_auth(settings, request.path, lambda name: request.headers.get(name))
+            check_auth(settings, request.path, lambda name: request.headers.get(name), tenants)
         except RequestError as err:
             return json_response(err.body(), err.status)
         return None

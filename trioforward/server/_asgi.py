@@ -52,6 +52,8 @@ from trioforward.server._validate import parse_body, request_identity
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
+    from trioforward.dispatch._tenants import Tenant
+
 __all__ = [
     "Front",
     "Route",
@@ -88,9 +90,10 @@ class Call:
     ``headers``: the request headers, lower-case bytes names (the last value of
     a repeated one); ``data``: the body as a JSON object; ``body``: its bytes;
     the request id and rollout group are ``log.request_id`` and ``log.group``.
+    ``tenant``: whose API key it came with (``None``: no keys, the default tenant).
     """
 
-    __slots__ = ("state", "path", "headers", "data", "body", "send", "log")
+    __slots__ = ("state", "path", "headers", "data", "body", "send", "log", "tenant")
 
     def __init__(
         self,
@@ -101,6 +104,7 @@ class Call:
         body: bytes,
         send: Send,
         log: Outcome,
+        tenant: Tenant | None = None,
     ) -> None:
         self.state = state
         self.path = path
@@ -109,6 +113,7 @@ class Call:
         self.body = body
         self.send = send
         self.log = log
+        self.tenant = tenant
 
     def header(self, name: bytes) -> str | None:
         """A request header as text (latin-1), or ``None``."""
@@ -189,7 +194,9 @@ class Front:
         try:
             try:
                 # The key first, as on every other route: no 405 to an unknown caller.
-                check_auth(state.settings, path, lambda n: _text(headers.get(n.encode())))
+                tenant = check_auth(
+                    state.settings, path, lambda n: _text(headers.get(n.encode())), state.client.tenants
+                )
                 if scope["method"] != "POST":
                     raise RequestError(405, f"{path} accepts POST only", code="method_not_allowed")
                 log.request_id, log.group = request_identity(headers, state.client)
@@ -197,7 +204,8 @@ class Front:
                 data = parse_body(body, allow_empty=route.empty_body)
                 if log.span is not None:
                     state.tracing.request_body(log.span, data)
-                work = route.start(Call(state, path, headers, data, body, send, log))
+                log.tenant = (tenant or state.client.tenants.default).name
+                work = route.start(Call(state, path, headers, data, body, send, log, tenant))
             except RequestError as err:
                 log.status = err.status
                 if not route.access_log and state.metrics is not None:
@@ -351,6 +359,7 @@ class Outcome:
         "span",
         "request_id",
         "group",
+        "tenant",
     )
 
     def __init__(self, route: str, method: str = "POST") -> None:
@@ -368,6 +377,7 @@ class Outcome:
         self.span: Any = None  # its server span when the gateway traces (_tracing.py)
         self.request_id: str | None = None  # X-Request-Id of the answer
         self.group: str | None = None  # X-Rollout-Group of the request
+        self.tenant: str | None = None  # its tenant's name (never its key)
 
     def cut(self) -> None:
         """The server cancelled the request (the shutdown grace ended): if nothing
@@ -415,6 +425,7 @@ class Outcome:
                 queue_time=self.queue_time if dispatched else None,
                 engine_time=self.engine_time if dispatched else None,
                 weight_version=self.version,
+                tenant=self.tenant,
             )
         if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(

@@ -1,14 +1,19 @@
-"""Who may call what: client API keys and the admin token (docs/server.md, "Authentication").
+"""Who may call what, and for which tenant: client API keys and the admin token
+(docs/server.md, "Authentication"; docs/dispatch.md, "Tenants and fair queueing").
 
 - ``/v1/*`` (OpenAI API) and the token routes ``/generate``, ``/inference/v1/generate``:
-  ``Authorization: Bearer <key>`` with a key from ``api_keys``.
+  ``Authorization: Bearer <key>`` with a key from ``api_keys`` or a tenant's
+  ``keys``; the key names the request's tenant.
 - ``/api/v1/*`` (Tinker API): ``X-API-Key: <key>`` (what the tinker SDK sends);
   a Bearer key is accepted too.
 - ``/admin/*``: ``Authorization: Bearer <admin_token>``.
 - ``/health``, ``/livez``, ``/readyz`` and ``/metrics`` are open (probes and scrapers).
 
-With no keys configured the client paths are open; with no admin token the admin
-paths are open. Keys are compared with :func:`hmac.compare_digest`.
+With no keys configured the client paths are open (one tenant); with no admin
+token the admin paths are open. Client keys are looked up by their SHA-256 digest
+(``TenantTable.for_key``: the time taken does not depend on how much of a key
+matched); the admin token is compared with :func:`hmac.compare_digest`. A key is
+never logged: a request is known by its tenant's name.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import hmac
 from collections.abc import Callable
 
 from trioforward import Settings
+from trioforward.dispatch import Tenant, TenantTable
 from trioforward.server._errors import RequestError
 
 __all__ = ["check_auth"]
@@ -41,23 +47,32 @@ def _bearer(value: str | None) -> str | None:
 _TOKEN_ROUTES = frozenset({"/generate", "/inference/v1/generate"})
 
 
-def check_auth(settings: Settings, path: str, header: Callable[[str], str | None]) -> None:
-    """Raises :class:`RequestError` (401) unless the request may use ``path``.
+def check_auth(
+    settings: Settings, path: str, header: Callable[[str], str | None], tenants: TenantTable
+) -> Tenant | None:
+    """The tenant of a request to ``path`` (``None``: no key is configured, so the
+    default tenant; or not a client path). Raises :class:`RequestError` (401)
+    unless the request may use ``path``.
 
     ``header(name)`` returns a request header (lower-case name) or ``None``.
     """
     if path.startswith("/v1/") or path in _TOKEN_ROUTES:
-        if settings.api_keys and not _matches(_bearer(header("authorization")), settings.api_keys):
-            raise _unauthorized("a valid API key is required: Authorization: Bearer <key>")
+        if tenants.keys:
+            tenant = tenants.for_key(_bearer(header("authorization")))
+            if tenant is None:
+                raise _unauthorized("a valid API key is required: Authorization: Bearer <key>")
+            return tenant
     elif path.startswith("/api/v1/"):
-        if settings.api_keys:
-            key = header("x-api-key") or _bearer(header("authorization"))
-            if not _matches(key, settings.api_keys):
+        if tenants.keys:
+            tenant = tenants.for_key(header("x-api-key") or _bearer(header("authorization")))
+            if tenant is None:
                 raise _unauthorized("a valid API key is required: X-API-Key: <key>")
+            return tenant
     elif path.startswith("/admin"):
         if settings.admin_token is not None:
             if not _matches(_bearer(header("authorization")), (settings.admin_token,)):
                 raise _unauthorized("the admin token is required: Authorization: Bearer <token>")
+    return None
 
 
 def _unauthorized(message: str) -> RequestError:

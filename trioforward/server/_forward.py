@@ -63,6 +63,7 @@ def _start(call: Call) -> Awaitable[None]:
         "span": log.span,  # None unless the gateway traces
         "request_id": log.request_id,
         "group": log.group,
+        "tenant": call.tenant,
     }
     if call.data.get("stream"):
         return _relay_stream(call.state, call.path, forward, call.send, log)

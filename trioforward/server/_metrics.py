@@ -30,6 +30,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from trioforward.dispatch import QUEUE_TIME_BUCKETS
+from trioforward.server._metrics_tenants import tenant_families
+
 if TYPE_CHECKING:
     from trioforward.dispatch import Client
     from trioforward.server._metrics_box import BoxSeries
@@ -43,7 +46,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Queue waits run from microseconds (idle fleet) to many minutes (engines saturated
 # by a burst); engine times from milliseconds to the 2048 s dispatch deadline.
-_QUEUE_BUCKETS = (0.001, 0.005, 0.02, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200)
+_QUEUE_BUCKETS = QUEUE_TIME_BUCKETS
 _ENGINE_BUCKETS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 2048)
 
 
@@ -147,9 +150,12 @@ class Metrics:
         queue_time: float | None = None,
         engine_time: float | None = None,
         weight_version: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Count one finished request; times in seconds (``None`` = not dispatched);
-        ``weight_version``: the answer's ``X-Weight-Version`` (``None``: none)."""
+        ``weight_version``: the answer's ``X-Weight-Version`` (``None``: none);
+        ``tenant``: its tenant's name (observed here only under ``--workers N``:
+        otherwise the per-tenant series are read from the dispatch core)."""
         key = (route, status)
         child = self._children.get(key)
         if child is None:
@@ -157,6 +163,8 @@ class Metrics:
         child.inc()
         if queue_time is not None:
             self._queue_wait.observe(queue_time)
+            if self.box is not None and tenant is not None:
+                self.box.tenants.queue_wait.labels(tenant).observe(queue_time)
         if engine_time is not None and engine_time > 0:
             self._engine_time.observe(engine_time)
         if weight_version is not None:
@@ -318,6 +326,7 @@ class _ClientCollector:
         yield GaugeMetricFamily(
             "trioforward_queued", "Requests waiting for engine capacity", value=stats.queued
         )
+        yield from tenant_families(stats.tenants)
         pool = stats.pool
         connections = GaugeMetricFamily(
             "trioforward_pool_connections", "Upstream connections by state", labels=["state"]

@@ -9,8 +9,9 @@ and before each scrape), so a scrape of any worker reports the box:
 - counters (requests, retries, engine responses, adapter loads/unloads, pool
   connections opened/reused/closed) are summed over every worker that ever ran,
   dead ones included, as Prometheus counters should be;
-- ``in_flight``, ``queued``, pool connections by state: ``livesum`` (live
-  workers only);
+- ``in_flight``, ``queued``, pool connections by state, the per-tenant gauges:
+  ``livesum`` (live workers only); the per-tenant counters are summed as the
+  others;
 - adapters loaded / registered: ``livemax`` (each worker keeps its own view of
   the same engines); ``engine_healthy``: ``livemin`` (healthy only if every
   live worker takes work there); ``engine_paused``: ``livemax``.
@@ -23,6 +24,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from trioforward.server._metrics_tenants import TenantBoxSeries
 
 if TYPE_CHECKING:
     from trioforward.dispatch import Client
@@ -93,6 +96,7 @@ class BoxSeries:
             name: counter(f"trioforward_pool_connections_{name}", f"Upstream connections {name}")
             for name in ("opened", "reused", "closed")
         }
+        self.tenants = TenantBoxSeries(registry)
         # Counter children -> the statistics value already added to them.
         self._written: dict[tuple[int, tuple[str, ...]], float] = {}
 
@@ -125,6 +129,7 @@ class BoxSeries:
             self._advance(self._loads, (engine,), count)
         for engine, count in stats.adapter_unloads.items():
             self._advance(self._unloads, (engine,), count)
+        self.tenants.sync(stats.tenants)
         for info in client.engines.list():
             self._healthy.labels(info.url).set(1.0 if info.healthy else 0.0)
             self._paused.labels(info.url).set(1.0 if info.paused else 0.0)

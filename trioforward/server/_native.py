@@ -95,6 +95,7 @@ def _start(call: Call) -> Awaitable[None]:
         "request_id": log.request_id,
         "group": log.group,
         "only": lambda e: e.kind == kind and bool(e.token_route),
+        "tenant": call.tenant,
     }
     sent: list[str] = []  # each attempt's engine-side id
     batch = kind == "sglang" and isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], list)

@@ -20,6 +20,7 @@ from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
 from trioforward._settings import Settings
+from trioforward.dispatch import TenantTable
 from trioforward.server._state import STATE_KEY, GatewayState
 
 
@@ -87,6 +88,7 @@ class ScriptedClient(PostOnly):
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.tenants = TenantTable(settings)  # what the front resolves API keys with
         self.adapters = _Adapters()
         self.engines = _Engines()
         self.requests: list[dict[str, Any]] = []
@@ -118,6 +120,7 @@ class ScriptedClient(PostOnly):
         session_implied: bool = False,
         request_id: str | None = None,
         group: str | None = None,
+        tenant: Any = None,
     ) -> _Response:
         from trioforward.sim._generate import sample
 

@@ -52,7 +52,8 @@ def _asample(call: Call) -> Awaitable[None]:
 
     A resubmit of ``(sampling_session_id, seq_id)`` returns the future already
     issued, without parsing the rest of the body. Raises :class:`RequestError`
-    (400 bad body, 404 unknown sampling session, 429 too many unfinished futures).
+    (400 bad body, 404 unknown sampling session, 429 too many unfinished futures:
+    ``queue_full``, or the caller's tenant's ``max_outstanding``: ``tenant_queue_full``).
     """
     state = state_of(call.state)
     body = call.data
@@ -77,7 +78,13 @@ def _asample(call: Call) -> Awaitable[None]:
     key = (sampling_session.sampler_id, seq_id) if sampler_id is not None and seq_id is not None else None
     future = state.store.lookup_key(key)
     if future is None:
+        tenant = call.tenant
+        if tenant is not None and tenant.max_outstanding and tenant.samples >= tenant.max_outstanding:
+            err = tenant.refusal(tenant.samples, "samples")
+            hint = state.client.retry_after_hint(err)
+            raise RequestError(429, str(err), code=err.code, retry_after=hint)
         job = parse_sample(body, sampling_session)
+        job.tenant = tenant
         if state.shared is not None:  # fleet mode: claim (session, seq) fleet-wide
             return _fleet.submit(state, key, job, call)
         try:

@@ -71,6 +71,7 @@ class SampleJob:
     request_id: str | None = None
     group: str | None = None
     tokens: TokenRequest | None = None
+    tenant: Any = None  # the dispatch Tenant of the caller's API key (None: the default)
 
 
 _TINKER = "tinker://"

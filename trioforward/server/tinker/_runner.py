@@ -6,10 +6,14 @@ the request: a client that abandons its poll never cancels the generation (the
 opposite of the OpenAI path, where a hang-up aborts the engine's work).
 
 Workers, not a task per sample: an outstanding sample is a ``(Future, SampleJob)``
-pair in a deque (a few hundred bytes plus its prompt as JSON), and at most
+pair in a queue (a few hundred bytes plus its prompt as JSON), and at most
 ``limit()`` workers run, about the engines' total capacity, so what waits beyond
 that waits here, cheaply, instead of as parked tasks in the dispatch queue.
-Workers start on demand and exit when the queue is empty: O(1) per sample.
+Workers start on demand and exit when the queue is empty. The queue is the
+engines' fair order between tenants (``FairOrder``: weights, priority classes,
+FIFO within a tenant; docs/dispatch.md, "Tenants and fair queueing"), so a
+tenant's burst of samples waits here behind nobody else's share either:
+O(log tenants) per sample.
 
 Each result is decoded once (``trioforward.codec``, numpy arrays) and encoded
 once (protobuf ``SampleResponse`` or the SDK's error object); the store serves
@@ -19,7 +23,6 @@ those bytes on every retrieval.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +30,7 @@ import numpy as np
 import orjson
 import trio
 
+from trioforward.dispatch import FairOrder, Tenant
 from trioforward.server.tinker._futures import Future, FutureStore
 from trioforward.server.tinker._requests import SampleJob
 from trioforward.server.tinker._wire import (
@@ -119,6 +123,7 @@ async def run_sample(
                 session_implied=True,  # routing = "prefix" routes a sample by its prompt
                 request_id=job.request_id,
                 group=job.group,
+                tenant=job.tenant,
             )
         else:  # in the dialect of the engine it goes to (docs/dispatch.md, "Engine dialects")
             response, parse = await client.sample_response(
@@ -129,11 +134,16 @@ async def run_sample(
                 completions_body=job.body,
                 request_id=job.request_id,
                 group=job.group,
+                tenant=job.tenant,
             )
     except TrioforwardError as err:
         if metrics is not None:
             metrics.observe(
-                METRICS_ROUTE, err.status, queue_time=err.queue_time, engine_time=err.engine_time
+                METRICS_ROUTE,
+                err.status,
+                queue_time=err.queue_time,
+                engine_time=err.engine_time,
+                tenant=job.tenant.name if job.tenant is not None else None,
             )
         if isinstance(err, ShuttingDown):
             raise
@@ -149,6 +159,7 @@ async def run_sample(
             queue_time=response.queue_time,
             engine_time=response.engine_time,
             weight_version=version,
+            tenant=job.tenant.name if job.tenant is not None else None,
         )
     if not 200 <= status < 300:
         category = "user" if 400 <= status < 500 and status not in (408, 429) else "server"
@@ -161,7 +172,8 @@ async def run_sample(
 
 
 class SampleRunner:
-    """A FIFO of outstanding samples and the worker tasks that forward them.
+    """The outstanding samples, in fair order between tenants (FIFO within one),
+    and the worker tasks that forward them.
 
     ``limit``: how many workers may run (read on each submit, so engines added
     at runtime raise it). ``nursery``: the server-lifetime nursery.
@@ -180,22 +192,29 @@ class SampleRunner:
         self.client = client
         self.nursery = nursery
         self.limit = limit
-        self._queue: deque[tuple[Future, SampleJob]] = deque()
+        self._queue: FairOrder[Future] = FairOrder()
+        tenants = getattr(client, "tenants", None)
+        self._default: Tenant = tenants.default if tenants is not None else Tenant("default")
         self._workers = 0
         self.completed_total = 0
 
     def submit(self, future: Future, job: SampleJob) -> None:
         """Queue a sample; start a worker if fewer than ``limit()`` run."""
-        self._queue.append((future, job))
+        tenant = job.tenant = job.tenant or self._default
+        tenant.samples += 1  # its max_outstanding counts unfinished samples (asample)
+        self._queue.push(tenant, future, job)
         if self._workers < self.limit():
             self._workers += 1
             self.nursery.start_soon(self._worker)
 
     def take_queued(self) -> list[Future]:
         """Empty the queue: the futures of the samples no worker took (the drain
-        drops them), oldest first."""
-        taken = [future for future, _ in self._queue]
-        self._queue.clear()
+        drops them), in the order they would have run (oldest first per tenant)."""
+        taken = []
+        while len(self._queue):
+            future, job = self._queue.pop()
+            job.tenant.samples -= 1  # no longer unfinished here
+            taken.append(future)
         return taken
 
     @property
@@ -209,17 +228,17 @@ class SampleRunner:
         ``"length"``; docs/tinker.md, "Request ids and rollout groups").
         Returns how many. O(queue), an abort call's cost, never a sample's."""
         wanted = set(request_ids or ())
-        kept: deque[tuple[Future, SampleJob]] = deque()
         aborted = 0
         empty = np.zeros(0, dtype=np.int32)
-        for future, job in self._queue:
-            if every or (group is not None and job.group == group) or job.request_id in wanted:
-                body = encode_sample_response([(empty, None, LENGTH)] * job.num_samples)
-                self.store.resolve(future, body, PROTOBUF, None)
-                aborted += 1
-            else:
-                kept.append((future, job))
-        self._queue = kept
+
+        def matches(future: Future, job: SampleJob) -> bool:
+            return every or (group is not None and job.group == group) or job.request_id in wanted
+
+        for future, job in self._queue.remove_where(matches):
+            job.tenant.samples -= 1  # no longer unfinished here
+            body = encode_sample_response([(empty, None, LENGTH)] * job.num_samples)
+            self.store.resolve(future, body, PROTOBUF, None)
+            aborted += 1
         return aborted
 
     @property
@@ -231,13 +250,15 @@ class SampleRunner:
 
         try:
             while self._queue:
-                future, job = self._queue.popleft()
+                future, job = self._queue.pop()
                 try:
                     body, content_type, version = await run_sample(self.client, job, self.metrics)
                 except ShuttingDown:
                     # Never ran: its polls answer 410 and the SDK resubmits it.
                     self.store.abandon(future)
                     continue
+                finally:
+                    job.tenant.samples -= 1
                 self.store.resolve(future, body, content_type, version)
                 self.completed_total += 1
         finally:
