@@ -64,6 +64,7 @@ BENCHMARKS = (
     Bench("weight_update_continue", "Weight updates mid-rollout: continue vs whole replay vs keep",
           ("--rounds", "3")),
     Bench("oversampling", "Over-sampling: cancel stragglers by group vs wait vs abort-all on the engines", ()),
+    Bench("tenant_fairness", "Tenants: a flood and a late tenant, weights 3:1, two fleet members", ()),
     Bench("fleet", "Fleet mode: state_url vs none, Redis vs memory futures, --workers 2 vs 1",
           ("--sizes", "64,1024,8192", "--requests", "4096", "--samples", "8192", "--failover-samples", "20000")),
 )
