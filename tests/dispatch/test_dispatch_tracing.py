@@ -53,6 +53,7 @@ async def test_a_request_is_a_span_under_the_trainers_own(
     assert request.attributes["http.response.status_code"] == 200  # type: ignore[index]
     assert request.attributes["url.path"] == COMPLETION  # type: ignore[index]
     assert request.attributes["trioforward.attempts"] == 1  # type: ignore[index]
+    assert request.attributes["trioforward.tenant"] == client.tenants.default.name  # type: ignore[index]
     assert attempt.attributes["trioforward.outcome"] == "answered"  # type: ignore[index]
     assert [parent_of(tp) for tp in engine.stats.traceparents] == [attempt.context.span_id]
 

@@ -174,6 +174,9 @@ class RequestTrace:
             identity["trioforward.request_id"] = req.request_id
         if req.group is not None:
             identity["trioforward.group"] = req.group
+        tenant = getattr(req, "tenant", None)
+        if tenant is not None and tenant.name:
+            identity["trioforward.tenant"] = tenant.name
         if identity:
             span.set_attributes(identity)
         if req.model is not None:
