@@ -73,7 +73,7 @@ def main() -> int:
     c.check("/generate rid kept", g.get("meta_info", {}).get("id") == "check-gateway", str(g.get("meta_info")))
     dl = [e[0] for e in d["meta_info"].get("output_token_logprobs", [])]
     gl = [e[0] for e in g.get("meta_info", {}).get("output_token_logprobs", [])]
-    c.check("/generate logprobs", len(dl) == len(gl) and all(abs(a - b) < 1e-3 for a, b in zip(dl, gl)), f"{dl} vs {gl}")
+    c.check("/generate logprobs", len(dl) == len(gl) and all(abs(a - b) < 1e-3 for a, b in zip(dl, gl, strict=False)), f"{dl} vs {gl}")
 
     batch = {"input_ids": [PROMPT, PROMPT[:3]], "rid": ["b-one", "b-two"], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     status, through = call("POST", gateway + "/generate", batch)

@@ -27,7 +27,7 @@ async def test_sglang_generate_single_batch_and_n(fd_baseline: int) -> None:
         meta = one["meta_info"]
         assert meta["id"] == "r1" and meta["finish_reason"] == {"type": "length", "length": 3}
         assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == 3
-        assert meta["output_token_logprobs"] == [[lp, t, None] for t, lp in zip(tokens, logprobs)]
+        assert meta["output_token_logprobs"] == [[lp, t, None] for t, lp in zip(tokens, logprobs, strict=False)]
         assert meta["weight_version"] == "default"
         assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
         batch = {"input_ids": [[1, 2], [3]], "sampling_params": {"max_new_tokens": 2}, "rid": "b"}

@@ -17,8 +17,8 @@ from trioforward.codec import Choice, Completion
 from trioforward.dispatch._adapters import AdapterRegistry
 from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._client import Client, open_client
-from trioforward.dispatch._engine_control import ENGINE_MODES
 from trioforward.dispatch._dialect import TokenRequest
+from trioforward.dispatch._engine_control import ENGINE_MODES
 from trioforward.dispatch._engines import EngineInfo
 from trioforward.dispatch._fair import FairOrder
 from trioforward.dispatch._forward_stream import ForwardStream

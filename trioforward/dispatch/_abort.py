@@ -38,9 +38,9 @@ import trio
 from trioforward.dispatch._abort_answer import abort_body, prompt_count
 from trioforward.dispatch._engine_control import EngineControl, EngineControlError
 from trioforward.dispatch._engines import Engine
-from trioforward.dispatch._weights import version_label
 from trioforward.dispatch._request import Request
 from trioforward.dispatch._types import ForwardResponse
+from trioforward.dispatch._weights import version_label
 
 __all__ = ["Aborts", "AbortCounts", "ABORT_REASON", "aborted_response"]
 

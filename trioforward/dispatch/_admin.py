@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from trioforward.dispatch._kinds import KINDS
-
 from trioforward.dispatch._engines import Engine, EngineInfo, Registry
+from trioforward.dispatch._kinds import KINDS
 
 __all__ = ["Engines"]
 

@@ -15,14 +15,14 @@ import trio
 from trioforward import Settings
 from trioforward._background import open_background_nursery
 from trioforward.codec import Completion
+from trioforward.dispatch import _dialect_completions
 from trioforward.dispatch._abort import AbortCounts, Aborts, aborted_response
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
 from trioforward.dispatch._complete import Rendering, completion_body, completion_of, token_request
 from trioforward.dispatch._continue import CONTINUABLE_PATH, ContinueCounts, ask_token_ids
-from trioforward.dispatch import _dialect_completions
-from trioforward.dispatch._dialect import TokenRequest
 from trioforward.dispatch._control import engine_models
+from trioforward.dispatch._dialect import TokenRequest
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import EngineControl
 from trioforward.dispatch._engines import Engine, Registry
@@ -42,9 +42,9 @@ from trioforward.dispatch._request import (
 )
 from trioforward.dispatch._routing import stable_hash
 from trioforward.dispatch._tenants import Tenant, TenantTable
-from trioforward.dispatch._versions import VersionGate
 from trioforward.dispatch._tracing import Tracing, tracing_for
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
+from trioforward.dispatch._versions import VersionGate
 from trioforward.dispatch._weights import WeightUpdates, version_label
 from trioforward.errors import DispatchAborted, TrioforwardError
 from trioforward.http import ConnectionPool, open_pool

@@ -7,12 +7,10 @@ makes, rendered per attempt in the dialect of the engine it goes to
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trioforward import Phase
-from collections.abc import Callable
-
 from trioforward.codec import Completion, decode_completion
 from trioforward.dispatch import _dialect_completions
 from trioforward.dispatch._dialect import Dialect, TokenRequest, dialect_for

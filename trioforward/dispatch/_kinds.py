@@ -62,9 +62,9 @@ class _Unreachable(Exception):
     pass
 
 
-async def _get(pool: ConnectionPool, url: str, path: str, timeout: float) -> tuple[int, Any]:
+async def _get(pool: ConnectionPool, url: str, path: str, probe_seconds: float) -> tuple[int, Any]:
     try:
-        response = await pool.request("GET", url + path, deadline=trio.current_time() + timeout)
+        response = await pool.request("GET", url + path, deadline=trio.current_time() + probe_seconds)
     except PoolError as exc:
         raise _Unreachable(f"GET {path}: {exc}") from exc
     try:
@@ -74,14 +74,14 @@ async def _get(pool: ConnectionPool, url: str, path: str, timeout: float) -> tup
     return response.status, body
 
 
-async def _token_route(pool: ConnectionPool, url: str, timeout: float) -> bool:
+async def _token_route(pool: ConnectionPool, url: str, probe_seconds: float) -> bool:
     try:
         response = await pool.request(
             "POST",
             url + TOKEN_ROUTE["vllm"],
             headers=[(b"content-type", b"application/json")],
             content=b"{}",
-            deadline=trio.current_time() + timeout,
+            deadline=trio.current_time() + probe_seconds,
         )
     except PoolError as exc:
         raise _Unreachable(f"POST {TOKEN_ROUTE['vllm']}: {exc}") from exc
@@ -89,34 +89,34 @@ async def _token_route(pool: ConnectionPool, url: str, timeout: float) -> bool:
 
 
 async def detect(
-    pool: ConnectionPool, url: str, timeout: float, kind: str | None = None
+    pool: ConnectionPool, url: str, probe_seconds: float, kind: str | None = None
 ) -> tuple[str, bool]:
     """``(kind, token route served)`` of the engine at ``url``; ``kind`` given:
-    only what it serves is asked. Each call has ``timeout`` seconds. Raises
+    only what it serves is asked. Each call has ``probe_seconds``. Raises
     ``OSError``-free :class:`_Unreachable` when the engine does not answer."""
     if kind == "sglang":
         return kind, True
     if kind == "openai":
         return kind, False
     if kind == "vllm":
-        return kind, await _token_route(pool, url, timeout)
-    status, body = await _get(pool, url, "/model_info", timeout)
+        return kind, await _token_route(pool, url, probe_seconds)
+    status, body = await _get(pool, url, "/model_info", probe_seconds)
     if status == 200 and isinstance(body, dict) and ("weight_version" in body or "model_path" in body):
         return "sglang", True
-    status, body = await _get(pool, url, "/version", timeout)
+    status, body = await _get(pool, url, "/version", probe_seconds)
     if status == 200 and isinstance(body, dict) and isinstance(body.get("version"), str):
-        return "vllm", await _token_route(pool, url, timeout)
-    status, body = await _get(pool, url, "/v1/models", timeout)
+        return "vllm", await _token_route(pool, url, probe_seconds)
+    status, body = await _get(pool, url, "/v1/models", probe_seconds)
     cards = body.get("data") if isinstance(body, dict) else None
     if status == 200 and isinstance(cards, list):
         if any(isinstance(c, dict) and c.get("owned_by") == "vllm" for c in cards):
-            return "vllm", await _token_route(pool, url, timeout)
+            return "vllm", await _token_route(pool, url, probe_seconds)
         return "openai", False
     raise _Unreachable(f"no /model_info, /version or /v1/models (last status {status})")
 
 
 async def detect_loop(
-    pool: ConnectionPool, engine: Engine, configured: str | None, timeout: float
+    pool: ConnectionPool, engine: Engine, configured: str | None, probe_seconds: float
 ) -> None:
     """Set ``engine.kind`` and ``engine.token_route``, asking again (1 s, doubling,
     at most 30 s apart) until the engine answers or is removed."""
@@ -125,7 +125,7 @@ async def detect_loop(
     delay = 1.0
     while not engine.removed:
         try:
-            kind, served = await detect(pool, engine.url, timeout, configured)
+            kind, served = await detect(pool, engine.url, probe_seconds, configured)
         except _Unreachable as exc:
             log.debug("engine %s: kind not detected yet (%s)", engine.url, exc)
             await trio.sleep(delay)

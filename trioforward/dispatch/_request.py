@@ -26,10 +26,10 @@ from trioforward.errors import DispatchAborted, TrioforwardError
 
 if TYPE_CHECKING:
     from trioforward.dispatch._engines import Engine
-    from trioforward.http import StreamResponse
     from trioforward.dispatch._prefix import PrefixKey
     from trioforward.dispatch._tenants import Tenant
     from trioforward.dispatch._tracing import RequestTrace
+    from trioforward.http import StreamResponse
 
 __all__ = [
     "Request",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING

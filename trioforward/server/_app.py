@@ -38,8 +38,8 @@ from trioforward.server._asgi import Front
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
 from trioforward.server._forward import ROUTES as OPENAI_ROUTES
-from trioforward.server._native import ROUTES as TOKEN_ROUTES
 from trioforward.server._metrics import Metrics
+from trioforward.server._native import ROUTES as TOKEN_ROUTES
 from trioforward.server._state import STATE_KEY, GatewayState
 from trioforward.server._tracing import install_admin_spans, open_tracing
 
