@@ -121,5 +121,11 @@ async def test_every_route_closes_right_after_a_must_close_answer_under_load(
         # the gateway holds no socket of those connections nor any extra descriptor.
         await trio.testing.wait_all_tasks_blocked()
         assert _sockets(port) == 0
-        assert _fds_apart_from(engine_port) <= baseline
+        # The leak this guards against is for good (two descriptors per probe until
+        # the client leaves); on a loaded machine a descriptor of the gateway's own
+        # background work (a health probe's connect, not yet in /proc/net/tcp) can be
+        # open at the instant of the count, so the count may take a moment to return.
+        with trio.fail_after(10):
+            while _fds_apart_from(engine_port) > baseline:
+                await trio.sleep(0.05)
         assert await gw.pool_active() == 0
