@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 from conftest import Server
-from test_real_weight_update import _finished, _generated
+from test_real_weight_update import _finished, _generated, _wait_until_dispatched
 from vllm_probes import MODEL
 
 # 16 requests of 8 sequences of 240 tokens (max_model_len 256 minus the prompt):
@@ -42,23 +42,33 @@ def test_abort_a_group_while_vllm_decodes(gateway_base: Server, vllm_base: Serve
         generated = _generated(http, vllm_base)
 
         def post(group: str, max_tokens: int) -> httpx.Response:
-            return http.post(
-                gateway_base.url + "/v1/completions",
-                json=_body(max_tokens),
-                headers={"X-Rollout-Group": group},
-            )
+            # A client per request: with the one client shared by the threads, the
+            # group's requests reached the gateway one after another (each sent as
+            # the one before it finished), so none was running at the abort.
+            with httpx.Client(timeout=300) as own:
+                return own.post(
+                    gateway_base.url + "/v1/completions",
+                    json=_body(max_tokens),
+                    headers={"X-Rollout-Group": group},
+                )
 
+        # Warm-up: N requests at once open the gateway's N connections to vLLM first.
+        # Without it, on a fresh gateway, the group's requests reached vLLM one after
+        # another (each as the one before it finished: 0.6 s apart), so none was
+        # running at the abort.
+        assert all(f.result().status_code == 200 for f in [pool.submit(post, "RW", 1) for _ in range(N)])
+        before = _finished(http, vllm_base)
+        generated = _generated(http, vllm_base)
         doomed: list[Future[httpx.Response]] = [pool.submit(post, "RA", LONG) for _ in range(N)]
-        # Every request of the group sent (dispatched, all 16 fit the gateway's
-        # capacity), and the engine decoding them.
-        while True:
-            engines = http.get(gateway_base.url + "/admin/engines").json()["engines"]
-            if sum(e["in_flight"] for e in engines) + sum(f.done() for f in doomed) >= N:
-                break
-            time.sleep(0.01)
-        while _generated(http, vllm_base) <= generated:
-            assert not all(f.done() for f in doomed), "the group finished before vLLM was seen decoding"
-            time.sleep(0.02)
+        # Every request of the group sent: dispatched (all 16 fit the gateway's
+        # capacity) or answered, by the gateway's own count, which answers in
+        # milliseconds. Not vLLM's /metrics: its API server, busy turning 128
+        # running sequences into answers, answered that poll after the whole group
+        # had finished on a quiet machine (3.4 s of engine time; the abort then
+        # caught nothing). A request vLLM has not started yet is aborted with no
+        # tokens, which the assertions below allow.
+        _wait_until_dispatched(http, gateway_base, doomed)
+        time.sleep(0.3)  # let vLLM start decoding: the abort should cut sequences mid-way
         kept = [pool.submit(post, "RB", SHORT) for _ in range(2)]
         answer = http.post(gateway_base.url + "/admin/abort", json={"group": "RA"})
         assert answer.status_code == 200, answer.text

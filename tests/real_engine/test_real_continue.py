@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import orjson
 from conftest import Server
-from test_real_weight_update import _generated
+from test_real_weight_update import _generated, _wait_until_dispatched
 from vllm_probes import MODEL
 
 # 16 requests of 8 sequences (seconds of engine work on 2 cores: the pause lands
@@ -56,7 +56,12 @@ def _update(gateway: Server, engine: Server, step: int) -> bool:
         with ThreadPoolExecutor(N + 1) as pool, httpx.Client(timeout=300) as client:
             stream = pool.submit(_stream, url, seen, events, first)
             whole = [pool.submit(client.post, url, json={**BODY, "n": SEQS}) for _ in range(N)]
-            assert first.wait(120), "the stream never started"
+            # Once the gateway dispatched everything (its own count, in milliseconds),
+            # plus a moment for vLLM to start decoding, longer on each retry. Not the
+            # stream's first tokens alone: vLLM's busy API server coalesces stream
+            # events, and the first event seen on a quiet machine held all 240.
+            _wait_until_dispatched(admin, gateway, [stream, *whole])
+            time.sleep(0.2 * step)
             streamed_before = sum(len(t) for t in seen)
             paused = admin.post(
                 gateway.url + "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}

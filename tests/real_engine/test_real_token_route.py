@@ -84,7 +84,10 @@ def test_a_hang_up_on_the_token_route_aborts_on_vllm(gateway_base: Server, vllm_
 
     from test_real_disconnect import metric
 
-    n, max_tokens = 16, 250  # 4000 tokens: seconds of work on 2 cores, cut after the first event
+    # 128 sequences of 250 tokens: seconds of work on 2 cores, cut after the first
+    # event (16 sequences, 4,000 tokens, were all decoded before the hang-up reached
+    # vLLM on a quiet machine: its first stream event can come late, coalesced).
+    n, max_tokens = 128, 250
     generated = metric(vllm_base, "vllm:generation_tokens_total")
     body = {
         "model": MODEL,
