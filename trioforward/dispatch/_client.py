@@ -621,7 +621,11 @@ async def open_client(
         open_pool(
             max_connections=0,
             idle_expiry=settings.idle_expiry,
-            connect_timeout=settings.health_timeout,
+            # Each call bounds itself by its deadline (a health probe: health_timeout);
+            # a pause or resume may wait for a busy engine to accept for as long as
+            # engine_control_timeout (a vLLM API server busy with a batch took over 5 s
+            # to accept one, and the weight update failed with 502).
+            connect_timeout=max(settings.health_timeout, settings.engine_control_timeout),
         ) as control,
         open_background_nursery() as nursery,
     ):
