@@ -39,6 +39,18 @@ def _body(max_tokens: int) -> dict[str, object]:
 
 
 def test_abort_a_group_while_vllm_decodes(gateway_base: Server, vllm_base: Server) -> None:
+    # The promise is asserted on every round; a round whose abort reached vLLM after
+    # the group had finished (seen once: the abort went out 2.4 s after the gateway
+    # dispatched the group, the group took 2.5 s) is made again, at most 3 times.
+    for _ in range(3):
+        if _abort_round(gateway_base, vllm_base):
+            return
+    raise AssertionError("3 aborts in a row caught no sequence running")
+
+
+def _abort_round(gateway_base: Server, vllm_base: Server) -> int:
+    """One group abort; asserts what the answers and vLLM's counters must show and
+    returns how many sequences the abort cut."""
     with httpx.Client(timeout=300) as http, ThreadPoolExecutor(2 * N) as pool:
         before = _finished(http, vllm_base)
         generated = _generated(http, vllm_base)
@@ -82,7 +94,6 @@ def test_abort_a_group_while_vllm_decodes(gateway_base: Server, vllm_base: Serve
                 assert len(choice["token_ids"]) < LONG
             else:  # finished before the abort reached it
                 assert len(choice["token_ids"]) == LONG
-    assert cut > 0, "the abort caught no sequence running"
     for response in whole:
         assert all(c["finish_reason"] == "length" and len(c["token_ids"]) == SHORT for c in response.json()["choices"])
     with httpx.Client(timeout=30) as http:
@@ -94,4 +105,7 @@ def test_abort_a_group_while_vllm_decodes(gateway_base: Server, vllm_base: Serve
     assert sum(delta.values()) == delta.get("length", 0)  # nothing else finished
     # The engine stopped decoding the cut sequences: it decoded what came back,
     # give or take the steps in flight, not their full length.
-    assert returned + 2 * SEQS * SHORT <= decoded < N * SEQS * LONG
+    assert returned + 2 * SEQS * SHORT <= decoded
+    if cut:
+        assert decoded < N * SEQS * LONG
+    return cut
