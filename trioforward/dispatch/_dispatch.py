@@ -5,7 +5,8 @@
 :class:`Request`, waits for the engine's capacity
 (QUEUED: bounded only by ``queue_timeout``), computes the dispatch deadline once
 (``dispatch_timeout`` from capacity acquired) and makes attempts under it
-(routing and the capacity wait itself live in ``_queueing.py``). After
+(routing and the capacity wait itself live in ``_queueing.py``; the attempts
+on one engine in ``_attempts.py``). After
 every attempt it asks ``_policy`` what the outcome means and carries the
 decision out: return, raise the gateway error, or retry — at once on a fresh
 connection, after a backoff, after loading an adapter, or on another engine.
@@ -32,38 +33,30 @@ from functools import partial
 
 import trio
 
-from trioforward import Phase, Settings
+from trioforward import Settings
 from trioforward.dispatch._adapters import AdapterLoader
+from trioforward.dispatch._attempts import AttemptLoop
 from trioforward.dispatch._budget import RetryBudget
 from trioforward.dispatch._continue import ContinueCounts
 from trioforward.dispatch._drain import Drain
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._hint import retry_after_hint
 from trioforward.dispatch._identity import IdMaker
-from trioforward.dispatch._outcome import Reply, gateway_error, retry_after
-from trioforward.dispatch._policy import (
-    Action,
-    Decision,
-    RetryCounts,
-    RetryPolicy,
-    decide_error,
-    decide_status,
-)
+from trioforward.dispatch._outcome import Reply
+from trioforward.dispatch._policy import RetryPolicy
 from trioforward.dispatch._queueing import acquire, conserve
 from trioforward.dispatch._request import Request
 from trioforward.dispatch._routing import Router
 from trioforward.dispatch._tenants import refusal
 from trioforward.errors import TenantQueueFull, TrioforwardError
-from trioforward.http import ConnectionPool, PoolError, PoolTimeout, Response, StreamResponse
+from trioforward.http import ConnectionPool
 
 __all__ = ["Dispatcher", "Reply"]
 
 _inf = math.inf
-_NO_COUNTS = RetryCounts()  # read-only: what a request with no retries yet has made
-_STATUS_PHASE = Phase.AWAIT_HEADERS.value  # the phase in which an engine status arrives
 
 
-class Dispatcher:
+class Dispatcher(AttemptLoop):
     """The shared dispatch state of one client."""
 
     def __init__(
@@ -281,174 +274,3 @@ class Dispatcher:
         if req.trace is not None:
             req.trace.queued(t0, start, engine)
         return engine, start
-
-    async def _attempts(
-        self, req: Request, engine: Engine, deadline: float, stream: bool
-    ) -> Reply | None:
-        """Attempts on ``engine`` until an answer (returned), an error (raised) or a
-        decision to move to another engine (``None``). A returned stream's
-        ``body`` is open: the caller closes it."""
-        pool = self.pool
-        url = engine.url + req.url_path
-        body_sent = req.content
-        model = req.model
-        ids = self.ids
-        while True:
-            req.attempts += 1
-            # A fresh engine-side id per attempt, as vLLM takes it (X-Request-Id;
-            # docs/server.md, "Request ids and rollout groups").
-            engine_id = req.engine_request_id = ids.engine_id(req.request_id)
-            req.engine_request_ids.append(engine_id)
-            if req.render is not None:  # a token-level request: this engine's dialect
-                path, body_sent = req.render(engine, engine_id)
-                url = engine.url + path
-                req.url_path = path  # what the last attempt was (continue reads it)
-            if req.on_dispatch is not None:
-                req.on_dispatch(engine.url, req.attempts, req.queue_time)
-            # CONNECT from here: waiting for an adapter load is part of getting the
-            # attempt onto the engine (no request byte sent yet).
-            req.phase = Phase.CONNECT
-            epoch = 0
-            if req.is_adapter:
-                assert model is not None
-                epoch = await self.loader.before_attempt(engine, model)
-            trace = req.trace
-            # Traced: the engine's traceparent names this attempt's span (_tracing.py).
-            sent = req.headers if trace is None else trace.attempt(engine, req.attempts, req.headers, engine_id)
-            sent = [*sent, (b"x-request-id", engine_id.encode())]
-            body: StreamResponse | None = None
-            try:
-                if stream:
-                    body = await pool.stream(
-                        req.method,
-                        url,
-                        headers=sent,
-                        content=body_sent,
-                        deadline=deadline,
-                        read_timeout=self.read_timeout,
-                        progress=req,
-                        extend=req.extended_deadline,
-                    ).open()
-                    req.phase = Phase.READ_BODY
-                    status, headers, content = body.status, body.headers, b""
-                    if status >= 400:
-                        # Error bodies are small: read them for the decision, and so
-                        # the connection can be reused.
-                        try:
-                            content = await body.aread()
-                        finally:
-                            body.close()
-                        body = None
-                else:
-                    response: Response = await pool.request(
-                        req.method,
-                        url,
-                        headers=sent,
-                        content=body_sent,
-                        deadline=deadline,
-                        read_timeout=self.read_timeout,
-                        progress=req,
-                        extend=req.extended_deadline,
-                    )
-                    status, headers, content = response.status, response.headers, response.content
-            except PoolError as exc:
-                req.phase = exc.phase
-                decision = self._on_error(req, engine, exc, deadline)
-                if decision.action is Action.FAIL:
-                    raise self._error(req, exc, deadline) from exc
-                last_error: PoolError | None = exc
-            else:
-                self.responses[(engine.url, status)] += 1
-                self.registry.record_success(engine, probe=False)
-                if status < 400:
-                    return Reply(engine, status, headers, content, body, deadline)
-                req.phase = Phase.AWAIT_HEADERS
-                decision = decide_status(
-                    status,
-                    body=content,
-                    retry_after=retry_after(headers),
-                    is_adapter=req.is_adapter,
-                    counts=req.counts or _NO_COUNTS,
-                    policy=self.policy,
-                    rand=self.rand,
-                )
-                if decision.action is Action.RETURN:
-                    return Reply(engine, status, headers, content, None, deadline)
-                last_error = None
-            # -- a retry was decided ------------------------------------------------
-            if not self._may_retry(req, decision):
-                if last_error is not None:
-                    raise self._error(req, last_error, deadline) from last_error
-                return Reply(engine, status, headers, content, None, deadline)
-            phase = last_error.phase.value if last_error is not None else _STATUS_PHASE
-            req.note_retry(phase, decision.reason)
-            self.retries[(phase, decision.reason)] += 1
-            if trace is not None:
-                trace.retried(phase, decision.reason, status if last_error is None else None)
-            if decision.load_adapter:
-                assert model is not None
-                load = self.loader.ensure_loaded(engine, model, seen_epoch=epoch)
-                await (load if trace is None else trace.adapter_load(engine, model, load))
-            if decision.delay > 0:
-                if trio.current_time() + decision.delay >= deadline:
-                    # No time left for another attempt: the last outcome stands.
-                    if last_error is not None:
-                        raise self._error(req, last_error, deadline) from last_error
-                    return Reply(engine, status, headers, content, None, deadline)
-                await trio.sleep(decision.delay)
-            if decision.fresh_connection:
-                pool.close_idle(engine.url)
-            if decision.other_engine:
-                engines = self.registry.engines
-                if req.only is not None:
-                    engines = [e for e in engines if req.only(e)]
-                alternative = self.router.pick(
-                    engines, session=req.session, avoid=engine, prefix=req.prefix
-                )
-                if alternative is not None and alternative is not engine:
-                    return None
-                # Otherwise this engine is the only choice (even if just ejected: the
-                # request already has attempts, it spends its retries rather than
-                # waiting for a health probe).
-
-    def _on_error(self, req: Request, engine: Engine, exc: PoolError, deadline: float) -> Decision:
-        if trio.current_time() >= req.extended_deadline():
-            # Our own budget ran out (possibly while waiting for a connection slot):
-            # not the engine's fault, so no health failure is recorded.
-            return Decision(Action.FAIL, "dispatch_deadline")
-        if exc.phase is Phase.CONNECT:
-            self.registry.record_failure(engine)
-        return decide_error(
-            exc.phase,
-            reused=exc.reused,
-            response_bytes=exc.response_bytes,
-            timeout=isinstance(exc, PoolTimeout),
-            counts=req.counts or _NO_COUNTS,
-            policy=self.policy,
-            rand=self.rand,
-        )
-
-    def _may_retry(self, req: Request, decision: Decision) -> bool:
-        """Count the retry against its rule, and (for the storm-prone ones) the budget."""
-        counts = req.retry_counts()
-        reason = decision.reason
-        if reason == "keepalive_race":
-            counts.keepalive += 1
-            return True
-        if reason == "adapter_not_loaded":
-            # Not a symptom of failing engines: the load resolves it. Exempt from
-            # the storm budget (a new adapter meets thousands of requests at once).
-            counts.adapter += 1
-            return True
-        if not self.budget.try_withdraw(trio.current_time()):
-            return False
-        if reason == "connect_error":
-            counts.connect += 1
-        else:
-            counts.rejection += 1
-        return True
-
-    def _error(self, req: Request, exc: PoolError, deadline: float) -> TrioforwardError:
-        # A keep pause moved the deadline (docs/operations.md): judge by the moved one.
-        deadline = max(deadline, req.extended_deadline())
-        return gateway_error(exc, req.engine_url, deadline, trio.current_time())
