@@ -26,7 +26,7 @@ from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
 
-__all__ = ["continued_answer", "continue_choice"]
+__all__ = ["continued_answer", "continue_choice", "absorb"]
 
 
 async def continued_answer(dispatcher: Dispatcher, req: Request, reply: Reply) -> Reply | None:
@@ -124,11 +124,11 @@ async def continue_choice(
                     sub, gen.continuations, len(gen.tokens), dispatcher.request(sub)
                 )
         except (DispatchAborted, UpstreamBroken):
-            _absorb(req, sub)
+            absorb(req, sub)
             if not sub.replay:
                 raise
             continue  # ended by a pause before any token came back: send it again
-        _absorb(req, sub)
+        absorb(req, sub)
         if is_length_refusal(answer.status, answer.content):
             gen.end("length")  # prompt + tokens so far no longer fit the model
             return
@@ -152,7 +152,7 @@ async def continue_choice(
         counts.tokens_kept += len(choice["token_ids"])
 
 
-def _absorb(req: Request, sub: Request) -> None:
+def absorb(req: Request, sub: Request) -> None:
     """Count a continuation's attempts and times in the caller's request."""
     req.attempts += sub.attempts
     req.queue_time += sub.queue_time

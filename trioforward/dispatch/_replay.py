@@ -17,6 +17,7 @@ from trioforward.dispatch._continue import (
     spanned,
 )
 from trioforward.dispatch._continue_answer import continued_answer
+from trioforward.dispatch._continue_native import NATIVE_PATHS, continued_native
 from trioforward.dispatch._continue_tokens import aborted_tokens, continued_tokens
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._outcome import Reply
@@ -68,6 +69,8 @@ async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
             if req.replay == CONTINUE:
                 if tokens is not None:
                     joined = await continued_tokens(dispatcher, req, reply, tokens)
+                elif req.url_path in NATIVE_PATHS:  # the engines' own token routes
+                    joined = await continued_native(dispatcher, req, reply)
                 else:
                     joined = await continued_answer(dispatcher, req, reply)
                 if joined is not None:

@@ -164,6 +164,7 @@ async def _generate(
             versions.append(engine.rl.weight_version)
             run.decoded = i + 1
             stats.tokens_decoded += sum(1 for s in samples if len(s.tokens) > i)
+            stats.changed()  # a test may await progress (O(1) when nobody waits)
             if gen.stream and i < steps - 1:
                 await ex.send_chunk(route.chunk(engine, nat, _upto(samples, i + 1), sent, versions, False))
         cache_outputs(engine.prefix_cache, gen, samples)

@@ -1,0 +1,80 @@
+"""POST /generate and POST /inference/v1/generate through the gateway across an abort
+weight update with replay "continue": one answer in the route's shape, the caller's
+ids kept (docs/operations.md, "Which routes continue")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from gateway_harness import open_gateway, open_sim
+
+
+async def kinds(gw: Any) -> None:
+    client = gw.state.client
+    with trio.fail_after(10):
+        for e in client.engines.list():
+            await client.engines.wait_kind(e.url)
+
+
+@pytest.mark.parametrize("path", ["/generate", "/inference/v1/generate"])
+async def test_a_token_route_continued_through_the_gateway_keeps_the_callers_id(
+    fd_baseline: int, path: str
+) -> None:
+    sglang = path == "/generate"
+    options = {"kind": "sglang"} if sglang else {"scale_out": True}
+    budget = 300  # 3 s of decoding: the pause lands mid-generation on a loaded machine too
+    if sglang:
+        body: dict[str, Any] = {
+            "input_ids": [1, 2, 3],
+            "sampling_params": {"max_new_tokens": budget},
+            "rid": "mine",
+        }
+    else:
+        body = {
+            "token_ids": [1, 2, 3],
+            "sampling_params": {"max_tokens": budget},
+            "request_id": "mine",
+        }
+    async with (
+        open_sim(decode_ms_per_token=10, **options) as engine,
+        open_gateway(engine.url) as gw,
+    ):
+        await kinds(gw)
+        out: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            assert (await c.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
+
+            async def one() -> None:
+                out.append(await c.post(path, json=body))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one)
+                await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
+                paused = await c.post(
+                    "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
+                )
+                assert paused.status_code == 200, paused.text
+                assert (
+                    await c.post("/admin/resume", json={"weight_version": "v2"})
+                ).status_code == 200
+        [r] = out
+        assert r.status_code == 200 and r.headers["x-weight-version"] == "v1, v2"
+        doc = r.json()
+        if sglang:
+            ids, spans = doc["output_ids"], doc["meta_info"]["weight_versions"]
+            assert doc["meta_info"]["id"] == "mine"
+        else:
+            ids, spans = doc["choices"][0]["token_ids"], doc["choices"][0]["weight_versions"]
+            assert doc["request_id"] == "generate-tokens-mine"
+        assert len(ids) == budget
+        assert [s["version"] for s in spans] == ["v1", "v2"]
+        assert (
+            spans[0]["start"] == 0
+            and spans[0]["end"] == spans[1]["start"]
+            and spans[1]["end"] == budget
+        )
+        assert engine.stats.tokens_decoded == budget  # nothing decoded twice
+        assert await gw.pool_active() == 0
