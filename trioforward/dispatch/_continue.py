@@ -256,13 +256,16 @@ def spanned(content: bytes, version: str | None, ids: bool) -> bytes:
     return orjson.dumps(doc)
 
 
-def continuation_body(body: dict[str, Any], gen: Generation, left: int) -> bytes:
+def continuation_body(body: dict[str, Any], gen: Generation, left: int, stream: bool = False) -> bytes:
     """The ``/v1/completions`` body continuing ``gen``: prompt ids + tokens so far,
-    ``n: 1``, ``max_tokens: left``, token ids asked, the caller's other fields."""
+    ``n: 1``, ``max_tokens: left``, token ids asked, the caller's other fields;
+    ``stream``: streamed (without a usage chunk)."""
     out = {k: v for k, v in body.items() if k not in _DROPPED}
     out["prompt"] = gen.prompt + gen.tokens
     out["max_tokens"] = left
     out["return_token_ids"] = True
+    if stream:
+        out["stream"] = True
     return orjson.dumps(out)
 
 

@@ -4,17 +4,15 @@ With ``replay="continue"`` (docs/operations.md, "Continue after an abort pause")
 a stream whose head went out is held open through the pause: its events are
 relayed as they come until the engine's abort events (``finish_reason:
 "abort"``), which are held back with the usage chunk and ``[DONE]``; the
-dispatch gives its engine capacity back at once (``reply.release()``), the
-aborted choices are continued after the resume as a whole completion does
-(:func:`._continue_answer.continue_choice`), and each continued choice's new tokens go
-out as one event (``index`` kept, ``text_offset`` carried on, ``weight_versions``
-spans on it), then the usage chunk (``stream_options.include_usage``) and
-``[DONE]``.
+dispatch gives its engine capacity back at once (``reply.release()``), and
+after the resume each aborted choice is continued as a stream of its own whose
+events are relayed as they come, token by token
+(:mod:`._continue_substream`, in the stream's nursery ``req.tasks``), then the
+usage chunk (``stream_options.include_usage``, over every token) and ``[DONE]``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +26,14 @@ from trioforward.dispatch._continue import (
     hide_token_ids,
     warn_no_token_ids,
 )
-from trioforward.dispatch._continue_answer import continue_choice
+from trioforward.dispatch._continue_substream import (
+    continue_all,
+    events_end,
+    payload,
+    sent,
+    split,
+    sse_event,
+)
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
 from trioforward.errors import DispatchAborted, TrioforwardError
@@ -39,33 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["continuing_events"]
 
 _ABORTS = (b'"finish_reason":"abort"', b'"finish_reason": "abort"')
-_BOUNDARY = re.compile(rb"\r?\n\r?\n")
 _DONE = b"data: [DONE]\n\n"
-
-
-def _events_end(data: bytes) -> int:
-    """Length of the complete SSE events at the start of ``data`` (up to the last
-    blank line; WHATWG HTML, event stream parsing)."""
-    lf = data.rfind(b"\n\n")
-    crlf = data.rfind(b"\r\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-
-
-def _split(block: bytes) -> list[bytes]:
-    return [e + b"\n\n" for e in _BOUNDARY.split(block) if e.strip()]
-
-
-def _payload(event: bytes) -> Any:
-    """The JSON of one ``data:`` event, ``None`` for ``[DONE]`` or anything else."""
-    data = b"".join(
-        line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")
-    )
-    if not data or data == b"[DONE]":
-        return None
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
 
 
 async def continuing_events(
@@ -80,7 +59,7 @@ async def continuing_events(
     partial = b""
     async for chunk in source:
         data = partial + chunk if partial else chunk
-        end = _events_end(data)
+        end = events_end(data)
         partial = data[end:]
         if not end:
             continue
@@ -89,7 +68,7 @@ async def continuing_events(
             held.append(block)
             continue
         if req.replay == CONTINUE and any(a in block for a in _ABORTS):
-            events = _split(block)
+            events = split(block)
             first = next(i for i, e in enumerate(events) if any(a in e for a in _ABORTS))
             block = b"".join(events[:first])
             held.extend(events[first:])
@@ -122,11 +101,13 @@ async def _continued(
         )
     gens, head, usage = seen.gens, seen.head, seen.usage
     for g in gens.values():
-        g.mark()  # what the caller has: the continuation's event starts here
+        g.mark()  # what the caller has: the held events' tokens go out from here
     if not _parse(held, gens, head, usage, req):
         seen.broken = True
         warn_no_token_ids(counts, reply.engine.url)
-        raise req.stamp(DispatchAborted("the engine's abort events carry no token ids", phase=req.phase))
+        raise req.stamp(
+            DispatchAborted("the engine's abort events carry no token ids", phase=req.phase)
+        )
     aborted = {i: g for i, g in gens.items() if g.finish == "abort"}
     if any(not g.prompt for g in aborted.values()):
         warn_no_token_ids(counts, reply.engine.url)
@@ -137,41 +118,31 @@ async def _continued(
         budget = DEFAULT_MAX_TOKENS
     counts.answers += 1
     counts.tokens_kept += sum(len(g.tokens) for g in aborted.values())
-    failure: list[Reply] = []
-    errors: list[TrioforwardError] = []
-
-    async def one(gen: Generation) -> None:
-        try:
-            await continue_choice(dispatcher, req, body, gen, budget, failure)
-        except TrioforwardError as exc:
-            errors.append(exc)
-            nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        for gen in aborted.values():
-            nursery.start_soon(one, gen)
-    if errors:
-        raise errors[0]
-    if failure:
-        text = failure[0].content[:300].decode("utf-8", "replace")
-        raise req.stamp(
-            DispatchAborted(
-                f"the continuation after an abort pause failed: engine answered"
-                f" {failure[0].status}: {text}",
-                phase=req.phase,
-            )
-        )
     ids = not req.asked_ids
+    head = {k: head.get(k) for k in ("id", "object", "created", "model")}
+    for index, gen in sorted(gens.items()):
+        if gen.finish != "abort" and gen.sent != sent(gen):
+            yield sse_event(head, gen.tail(ids), index)  # a choice that ended in the held events
+        elif gen.finish == "abort":
+            gen.finish = None  # goes on: its held tokens go out with the continuation's first event
+    assert req.tasks is not None, "a continued stream is read inside client.stream()"
+    send, receive = trio.open_memory_channel[Any](1)
+    req.tasks.start_soon(continue_all, dispatcher, req, body, aborted, budget, head, send)
+    async with receive:
+        async for item in receive:
+            if isinstance(item, TrioforwardError):
+                raise item
+            yield item
     out = []
-    for index, gen in sorted(aborted.items()):
-        choice = gen.tail(ids)
-        choice["index"] = index
-        out.append(b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n")
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
         prompt = int(usage[-1].get("prompt_tokens") or 0) if usage else 0
         completion = sum(len(g.tokens) for g in gens.values())
-        use = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+        use = {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
+            "completion_tokens": completion,
+        }
         out.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": use}) + b"\n\n")
     out.append(_DONE)
     yield b"".join(out)
@@ -220,8 +191,8 @@ def _parse(
 ) -> bool:
     """Add the choices' deltas of ``events`` to ``gens`` (by choice index); False
     when a chunk carries no token ids (the stream cannot be continued)."""
-    for event in _split(b"".join(events)):
-        doc = _payload(event)
+    for event in split(b"".join(events)):
+        doc = payload(event)
         if not isinstance(doc, dict):
             continue
         if not head:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from trioforward._background import open_background_nursery
 from trioforward.dispatch._continue import (
     CONTINUABLE_PATH,
     CONTINUE,
@@ -99,9 +100,15 @@ async def replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterato
     req.streaming = True
     while True:
         try:
-            async with dispatcher.stream(req) as reply:
+            # The nursery: a continued stream's sub-streams (_continue_stream), ended
+            # when the reader leaves; the reader's own error comes out unwrapped.
+            async with dispatcher.stream(req) as reply, open_background_nursery() as tasks:
                 req.handed_over = True
-                yield reply
+                req.tasks = tasks
+                try:
+                    yield reply
+                finally:
+                    req.tasks = None
                 return
         except DispatchAborted:
             if not req.replay or req.handed_over or req.aborted_by_call:

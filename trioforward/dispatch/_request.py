@@ -186,6 +186,7 @@ class Request:
         "aborted_by_call",
         "left",
         "stream_body",
+        "tasks",
     )
 
     def __init__(
@@ -259,6 +260,9 @@ class Request:
         self.aborted_by_call = False
         self.left: trio.Event | None = None
         self.stream_body: StreamResponse | None = None
+        # A stream's nursery while its block is open (_replay.replaying_stream):
+        # where a continuation after an abort pause runs its sub-streams.
+        self.tasks: trio.Nursery | None = None
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""
