@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import trio
 
-from trioforward.dispatch._abort_answer import abort_body, prompt_count
+from trioforward.dispatch._abort_answer import abort_body, generate_items, prompt_count
 from trioforward.dispatch._engine_control import EngineControl, EngineControlError
 from trioforward.dispatch._engines import Engine
 from trioforward.dispatch._request import Request
@@ -92,6 +92,12 @@ def engine_names(req: Request) -> list[str]:
     if req.url_path.endswith("/completions"):
         count = prompt_count(req.content)
         return [*(f"cmpl-{engine_id}-{i}" for i in range(count)), engine_id, *extra]
+    if req.url_path == "/generate":
+        # SGLang's tokenizer aborts an exact id only, and a batch's items have their
+        # own: <rid>_<i> for one string rid, the list's ids (<rid>-<i>, docs/server.md,
+        # "Token routes") for a list of rids.
+        items, listed = generate_items(req.content)
+        return [engine_id, *(f"{engine_id}{'-' if listed else '_'}{i}" for i in range(items))]
     return [engine_id, *extra]
 
 

@@ -12,6 +12,9 @@ with ``finish_reason: "abort"``, then ``data: [DONE]``.
 
 Shapes: vLLM 0.32 ``/v1/completions`` and ``/v1/chat/completions``
 (``vllm/entrypoints/openai/completion/serving.py``, ``chat_completion/serving.py``).
+The engines' own token routes get their own (:mod:`._abort_answer_native`):
+SGLang's waiting-queue abort on ``/generate``, vLLM's token route's abort on
+``/inference/v1/generate``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Any
 
 import orjson
 
-__all__ = ["abort_body", "abort_tail", "prompt_count"]
+from trioforward.dispatch import _abort_answer_native as native
+
+__all__ = ["abort_body", "abort_tail", "prompt_count", "generate_items"]
 
 
 def _body(content: bytes) -> dict[str, Any]:
@@ -55,8 +60,17 @@ def _shape(path: str, content: bytes) -> tuple[bool, int, str]:
     return chat, n * prompts, model if isinstance(model, str) else ""
 
 
+def generate_items(content: bytes) -> tuple[int, bool]:
+    """``(items, listed)`` of an SGLang ``/generate`` body: how many prompts a batch
+    holds (0: one prompt) and whether its ``rid`` is a list."""
+    data = _body(content)
+    return native.batch_size(data), isinstance(data.get("rid"), list)
+
+
 def abort_body(path: str, content: bytes, request_id: str) -> bytes:
     """A whole 200 answer: every choice empty, ``finish_reason: "abort"``."""
+    if path in native.PATHS:
+        return native.abort_body(path, _body(content), request_id)
     chat, choices, model = _shape(path, content)
     out: list[dict[str, Any]] = []
     for index in range(choices):
@@ -81,6 +95,8 @@ def abort_body(path: str, content: bytes, request_id: str) -> bytes:
 def abort_tail(path: str, content: bytes, request_id: str) -> bytes:
     """The end of an SSE stream: one ``finish_reason: "abort"`` event per choice,
     then ``data: [DONE]`` (the whole stream, for one never started)."""
+    if path in native.PATHS:
+        return native.abort_tail(path, _body(content), request_id)
     chat, choices, model = _shape(path, content)
     head = {
         "id": ("chatcmpl-" if chat else "cmpl-") + request_id,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from trioforward.dispatch import bad_id_reason
+from trioforward.server._callers import resolve
 from trioforward.server._errors import bad_request
 from trioforward.server._state import GatewayState
 
@@ -49,6 +50,7 @@ async def abort_here(
     state: GatewayState, ids: list[str] | None, group: str | None, every: bool
 ) -> dict[str, int]:
     """This process's part of an abort: its Tinker queue, then its dispatch client."""
+    ids = resolve(state, ids)  # the caller ids of the engines' own abort routes
     queued_samples = 0
     tinker = state.extras.get("tinker")
     if tinker is not None:

@@ -40,6 +40,7 @@ from trioforward.server._errors import RequestError, error_body
 from trioforward.server._forward import ROUTES as OPENAI_ROUTES
 from trioforward.server._metrics import Metrics
 from trioforward.server._native import ROUTES as TOKEN_ROUTES
+from trioforward.server._native_abort import ROUTES as TOKEN_ABORT_ROUTES
 from trioforward.server._state import STATE_KEY, GatewayState
 from trioforward.server._tracing import install_admin_spans, open_tracing
 
@@ -97,7 +98,7 @@ def create_app(settings: Settings | None = None) -> QuartTrio:
     tinker.install(app)
 
     # The one ASGI wrapper: the hot routes are answered here, everything else by Quart.
-    front = Front(app, app.asgi_app, {**OPENAI_ROUTES, **TOKEN_ROUTES, **tinker.FRONT_ROUTES})
+    front = Front(app, app.asgi_app, {**OPENAI_ROUTES, **TOKEN_ROUTES, **TOKEN_ABORT_ROUTES, **tinker.FRONT_ROUTES})
     app.asgi_app = front  # type: ignore[method-assign,assignment]
     return app
 

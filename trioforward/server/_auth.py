@@ -44,7 +44,10 @@ def _bearer(value: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-_TOKEN_ROUTES = frozenset({"/generate", "/inference/v1/generate"})
+# The engines' own token routes and their abort routes (docs/server.md, "Token routes").
+_TOKEN_ROUTES = frozenset(
+    {"/generate", "/inference/v1/generate", "/abort_request", "/inference/v1/abort_requests"}
+)
 
 
 def check_auth(

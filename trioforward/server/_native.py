@@ -33,6 +33,7 @@ import orjson
 import trio
 
 from trioforward.server._asgi import Call, Route, respond
+from trioforward.server._callers import callers
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._forward import FORWARDED, forward, relay_stream
 
@@ -111,15 +112,40 @@ def _start(call: Call) -> Awaitable[None]:
     forward_kw["render"] = render
     transform = _restore(caller, sent)
     relay = relay_stream if data.get("stream") else forward
-    return _served(call, kind, relay(state, path, forward_kw, call.send, log, transform))
+    work = relay(state, path, forward_kw, call.send, log, transform)
+    return _served(call, kind, work, _caller_ids(caller, prompt, batch))
 
 
-async def _served(call: Call, kind: str, work: Coroutine[Any, Any, None]) -> None:
-    """Run ``work`` if an engine of ``kind`` serves the route (waiting up to
-    ``health_timeout`` for kinds still being detected), else answer 404 naming it."""
+def _caller_ids(caller: Any, prompt: Any, batch: bool) -> list[str]:
+    """The ids the engines' abort routes may name this request by (:mod:`._native_abort`):
+    the caller's, and for an SGLang batch with one string ``rid`` its items' ``<rid>_<i>``."""
+    if isinstance(caller, list):
+        return [str(c) for c in caller]
+    ids = [str(caller)]
+    if batch:
+        ids.extend(f"{caller}_{i}" for i in range(len(prompt)))
+    return ids
+
+
+async def _known_as(call: Call, ids: list[str], work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` known by the caller's ``ids`` in its tenant meanwhile."""
+    table = callers(call.state)
+    tenant = (call.tenant or call.state.client.tenants.default).name
+    request_id = call.log.request_id or ""
+    keys = table.register(tenant, ids, request_id)
+    try:
+        await work
+    finally:
+        table.drop(tenant, keys, request_id)
+
+
+async def _served(call: Call, kind: str, work: Coroutine[Any, Any, None], ids: list[str]) -> None:
+    """Run ``work`` (known by the caller's ``ids``) if an engine of ``kind`` serves the
+    route (waiting up to ``health_timeout`` for kinds still being detected), else
+    answer 404 naming it."""
     engines = call.state.client.engines
     if any(e.kind == kind and e.token_route for e in engines.list()):
-        return await work
+        return await _known_as(call, ids, work)
     with trio.move_on_after(call.state.settings.health_timeout):
         for info in engines.list():
             if info.kind is None or info.token_route is None:
@@ -128,7 +154,7 @@ async def _served(call: Call, kind: str, work: Coroutine[Any, Any, None]) -> Non
                 except KeyError:
                     pass  # removed meanwhile
     if any(e.kind == kind and e.token_route for e in engines.list()):
-        return await work
+        return await _known_as(call, ids, work)
     work.close()
     err = RequestError(
         404,
