@@ -1,52 +1,39 @@
 """The embedded client: ``async with trioforward.open_client(...) as client`` (docs/embedding.md).
 
-The gateway server is a thin layer over this same object.
+The gateway server is a thin layer over this same object. Its parts: forwarding
+(``post``, ``request``, ``stream``: ``_forwarding.py``), token-level sampling
+(``complete``, ``sample``: ``_sampling.py``), pause and resume (``_gating.py``);
+this module sets them up and holds the control calls and the statistics.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import orjson
 import trio
 
 from trioforward import Settings
 from trioforward._background import open_background_nursery
-from trioforward.codec import Completion
-from trioforward.dispatch import _dialect_completions
-from trioforward.dispatch._abort import AbortCounts, Aborts, aborted_response
+from trioforward.dispatch._abort import AbortCounts, Aborts
 from trioforward.dispatch._adapters import AdapterLoader, AdapterRegistry
 from trioforward.dispatch._admin import Engines
-from trioforward.dispatch._complete import Rendering, completion_body, completion_of, token_request
-from trioforward.dispatch._continue import CONTINUABLE_PATH, ContinueCounts, ask_token_ids
+from trioforward.dispatch._continue import ContinueCounts
 from trioforward.dispatch._control import engine_models
-from trioforward.dispatch._dialect import TokenRequest
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import EngineControl
 from trioforward.dispatch._engines import Engine, Registry
-from trioforward.dispatch._forward_stream import ForwardStream
 from trioforward.dispatch._gating import PauseGate
 from trioforward.dispatch._health import health_loop
-from trioforward.dispatch._identity import check_id
 from trioforward.dispatch._kinds import detect_loop, kind_setting
-from trioforward.dispatch._prefix import request_prefix_key
-from trioforward.dispatch._replay import replaying_request, replaying_stream
-from trioforward.dispatch._request import (
-    HeaderInput,
-    OnDispatch,
-    Request,
-    prepare_headers,
-    strip_response_headers,
-)
-from trioforward.dispatch._routing import stable_hash
-from trioforward.dispatch._tenants import Tenant, TenantTable
+from trioforward.dispatch._sampling import Sampling
+from trioforward.dispatch._tenants import TenantTable
 from trioforward.dispatch._tracing import Tracing, tracing_for
-from trioforward.dispatch._types import ClientStatistics, ForwardResponse
+from trioforward.dispatch._types import ClientStatistics
 from trioforward.dispatch._versions import VersionGate
-from trioforward.dispatch._weights import WeightUpdates, version_label
-from trioforward.errors import DispatchAborted, TrioforwardError
+from trioforward.dispatch._weights import WeightUpdates
+from trioforward.errors import TrioforwardError
 from trioforward.http import ConnectionPool, open_pool
 
 __all__ = ["Client", "open_client"]
@@ -54,7 +41,7 @@ __all__ = ["Client", "open_client"]
 READMIT_MAX = 30.0  # s: longest back-off before an ejected engine is tried again (no probes)
 
 
-class Client(PauseGate):
+class Client(PauseGate, Sampling):
     """Forwards requests to engines under the rules of docs/dispatch.md. Create with :func:`open_client`."""
 
     def __init__(
@@ -151,234 +138,6 @@ class Client(PauseGate):
                 )
             )
 
-    # -- forwarding ---------------------------------------------------------------
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        json: Any,
-        content: bytes | None,
-        headers: HeaderInput,
-        session: str | None,
-        session_implied: bool = False,
-        request_id: str | None = None,
-        group: str | None = None,
-        tenant: str | Tenant | None = None,
-    ) -> Request:
-        if not path.startswith("/"):
-            raise ValueError(f"path must start with '/': {path!r}")
-        if content is None:
-            content = b"" if json is None else orjson.dumps(json, option=orjson.OPT_SERIALIZE_NUMPY)
-        pairs, said = prepare_headers(headers, json_body=bool(content))
-        session_header = said.session
-        # Identity: the keyword, else the header, else one the dispatcher makes.
-        if request_id is None:
-            request_id = said.request_id
-        if request_id is not None:
-            check_id(request_id, "request_id (X-Request-Id)")
-        if group is None:
-            group = said.group
-        if group is not None:
-            check_id(group, "group (X-Rollout-Group)")
-        model: str | None = None
-        is_adapter = False
-        if self.adapters:
-            # Only an adapter needs the model name: skip parsing when none is registered.
-            if json is None and content:
-                try:
-                    json = orjson.loads(content)
-                except orjson.JSONDecodeError:
-                    json = None
-            if isinstance(json, dict):
-                name = json.get("model")
-                if isinstance(name, str):
-                    model = name
-                    is_adapter = self.adapters.is_adapter(name)
-        key = session if session is not None else session_header
-        if session_implied and self._prefix_routing:
-            key = None  # not the caller's own key: the prompt routes
-        session_hash = stable_hash(key) if key is not None and self._session_routing else None
-        if tenant is None:
-            who = self.tenants.default
-        else:
-            who = tenant if isinstance(tenant, Tenant) else self.tenants.named(tenant)
-        req = Request(
-            method, path, pairs, content, model, is_adapter, session_hash, request_id or "", group,
-            tenant=who,
-        )
-        if path == CONTINUABLE_PATH and method == "POST" and self._ids_understood():
-            # Token ids make an aborted completion continuable (docs/operations.md).
-            asked = ask_token_ids(content)
-            if asked is not None:
-                req.content, req.asked_ids = asked, True
-        if self._prefix_routing and session_hash is None:
-            req.prefix = request_prefix_key(json, content, self.settings.prefix_tokens)
-        return req
-
-    def _ids_understood(self) -> bool:
-        """No engine is of kind ``openai`` (one that may refuse ``return_token_ids``)."""
-        return all(e.kind != "openai" for e in self._registry.engines)
-
-    async def post(
-        self,
-        path: str,
-        *,
-        json: Any = None,
-        content: bytes | None = None,
-        headers: HeaderInput = None,
-        session: str | None = None,
-        session_implied: bool = False,
-        on_dispatch: OnDispatch | None = None,
-        request_id: str | None = None,
-        group: str | None = None,
-        tenant: str | Tenant | None = None,
-    ) -> ForwardResponse:
-        """Forward ``POST path`` to an engine and return its answer, whatever its status.
-
-        ``json``: the parsed body (its ``"model"`` drives adapter loading);
-        ``content``: the body bytes if already encoded (sent as is). ``headers``:
-        forwarded, hop-by-hop ones dropped. ``session``: routing key (default: the
-        ``X-Session-ID`` header). ``session_implied``: that key is implied by the
-        API the request came through (a Tinker sample's sampling session and
-        sequence id), not sent by a client: ``routing = "prefix"`` routes by the
-        prompt instead (docs/dispatch.md, "Prefix routing"). Raises :class:`~trioforward.errors.TrioforwardError`
-        subclasses for gateway-level failures (with ``.phase``, ``.attempts``,
-        ``.engine``, ``.queue_time``, ``.engine_time``). Cancellation propagates
-        at once; the upstream connection is closed so the engine aborts.
-        ``on_dispatch(engine_url, attempt, queue_time_s)``, if given, is called as
-        each attempt starts (synchronously; it must not raise): what a request
-        that is cancelled reached. ``request_id`` (default: the ``X-Request-Id``
-        header, else one the gateway makes; the answer's ``.request_id``) and
-        ``group`` (the rollout group, default: the ``X-Rollout-Group`` header):
-        printable ASCII without spaces, 1..128 characters, else ``ValueError``
-        (docs/server.md, "Request ids and rollout groups").
-        ``tenant``: the tenant it is served for (a
-        name of the tenant table; ``None``: ``default_tenant``; docs/embedding.md,
-        "Tenants"); ``ValueError`` for an unknown name, :class:`~trioforward.errors.TenantQueueFull`
-        (429) beyond that tenant's ``max_outstanding``.
-        """
-        return await self.request(
-            "POST",
-            path,
-            json=json,
-            content=content,
-            headers=headers,
-            session=session,
-            session_implied=session_implied,
-            on_dispatch=on_dispatch,
-            request_id=request_id,
-            group=group,
-            tenant=tenant,
-        )
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        content: bytes | None = None,
-        headers: HeaderInput = None,
-        session: str | None = None,
-        session_implied: bool = False,
-        on_dispatch: OnDispatch | None = None,
-        span: Any = None,
-        request_id: str | None = None,
-        group: str | None = None,
-        only: Callable[[Engine], bool] | None = None,
-        render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
-        tenant: str | Tenant | None = None,
-    ) -> ForwardResponse:
-        """As :meth:`post`, with any method (``GET /v1/models`` ...). ``span``: the
-        caller's own OpenTelemetry span for this request (the gateway's server
-        span), under which the dispatch spans go when the client traces; the
-        caller ends it. ``only(engine)``: the engines it may go to (None: any);
-        ``render(engine, engine_id) -> (path, body)``: each attempt's body (None:
-        ``content`` as it is; docs/dispatch.md, "Engine dialects")."""
-        req = self._request(
-            method, path, json, content, headers, session, session_implied, request_id, group, tenant
-        )
-        req.on_dispatch = on_dispatch
-        req.only, req.render = only, render
-        return await self._answer(req, span)
-
-    async def _answer(self, req: Request, span: Any = None) -> ForwardResponse:
-        dispatcher = self._dispatcher
-        aborts = self.aborts
-        aborts.enter(req)  # an abort call finds it by id and group (_abort.py)
-        try:
-            if self._tracing is None:
-                reply = await replaying_request(dispatcher, req)
-            else:
-                reply = await self._tracing.request(req, span, replaying_request(dispatcher, req))
-        except DispatchAborted:
-            if not req.aborted_by_call:
-                raise
-            return aborted_response(req, dispatcher.weight_version)
-        finally:
-            aborts.leave(req)
-        return ForwardResponse(
-            reply.status,
-            strip_response_headers(reply.headers),
-            reply.content,
-            reply.engine.url,
-            req.attempts,
-            req.queue_time,
-            req.engine_time,
-            tuple(req.retries) if req.retries else (),
-            version_label(req.weight_version, dispatcher.weight_version),
-            req.request_id,
-        )
-
-    @asynccontextmanager
-    async def stream(
-        self,
-        path: str,
-        *,
-        json: Any = None,
-        content: bytes | None = None,
-        headers: HeaderInput = None,
-        session: str | None = None,
-        method: str = "POST",
-        on_dispatch: OnDispatch | None = None,
-        span: Any = None,
-        request_id: str | None = None,
-        group: str | None = None,
-        only: Callable[[Engine], bool] | None = None,
-        render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
-        tenant: str | Tenant | None = None,
-    ) -> AsyncIterator[ForwardStream]:
-        """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
-        body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
-        exits; leaving before the end closes the upstream connection (the engine aborts).
-        ``span`` and ``only`` as for :meth:`request`; the spans end when the block exits.
-        """
-        req = self._request(
-            method, path, json, content, headers, session,
-            request_id=request_id, group=group, tenant=tenant,
-        )
-        req.on_dispatch = on_dispatch
-        req.only, req.render = only, render
-        replies = replaying_stream(self._dispatcher, req)
-        if self._tracing is not None:
-            replies = self._tracing.stream(req, span, replies)
-        aborts = self.aborts
-        aborts.enter(req)
-        try:
-            try:
-                async with replies as reply:
-                    req.stream_body = reply.body  # an abort call may cut it (_abort.py)
-                    yield ForwardStream(req, reply, self._dispatcher)
-                    return
-            except DispatchAborted:
-                if not req.aborted_by_call or req.handed_over:
-                    raise
-            # Aborted by an abort call before its head: the whole stream is its end.
-            yield ForwardStream(req, None)
-        finally:
-            aborts.leave(req)
-
     async def abort(
         self,
         *,
@@ -401,131 +160,6 @@ class Client(PauseGate):
         if isinstance(request_ids, str):
             raise ValueError("abort: request_ids is a list of ids, not one string")
         return await self.aborts.abort(request_ids=request_ids, group=group, every=all)
-
-    async def complete(
-        self,
-        *,
-        model: str,
-        prompt: Sequence[int] | Any,
-        max_tokens: int,
-        n: int = 1,
-        temperature: float = 1.0,
-        seed: int | None = None,
-        logprobs: bool = True,
-        stop: str | list[str] | None = None,
-        stop_token_ids: list[int] | None = None,
-        prompt_logprobs: int | None = None,
-        session: str | None = None,
-        request_id: str | None = None,
-        group: str | None = None,
-        tenant: str | None = None,
-        **extra: Any,
-    ) -> Completion:
-        """Sample ``n`` completions of token-id ``prompt`` (:meth:`sample`: ``POST
-        /v1/completions``, or the engine's own token route, docs/dispatch.md,
-        "Engine dialects").
-
-        Returns a :class:`~trioforward.codec.Completion`: each choice's ``tokens`` is
-        ``np.ndarray[int32]`` ``(len,)``, ``logprobs`` ``np.ndarray[float32]`` (or
-        ``None`` when ``logprobs=False``); ``prompt_logprobs`` (when asked) is
-        ``float32`` ``(len(prompt),)`` with NaN at position 0. Raises
-        :class:`~trioforward.errors.EngineRejected` (``.status``, ``.body``) for a
-        non-2xx answer, :class:`~trioforward.codec.CodecError` (a ``ValueError``)
-        for a 2xx body that is not a completion or has no ``token_ids``, the
-        dispatch errors of :meth:`post`, and ``ValueError`` for ``stream`` or
-        ``return_token_ids`` in ``extra``. ``request_id`` and ``group`` as for
-        :meth:`post`; the completion's ``.request_id`` is the request's id.
-        """
-        args: dict[str, Any] = dict(
-            model=model,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            n=n,
-            temperature=temperature,
-            seed=seed,
-            logprobs=logprobs,
-            stop=stop,
-            stop_token_ids=stop_token_ids,
-            prompt_logprobs=prompt_logprobs,
-            extra=extra,
-        )
-        content = orjson.dumps(completion_body(**args), option=orjson.OPT_SERIALIZE_NUMPY)
-        return await self.sample(
-            token_request(**args),
-            session=session,
-            completions_body=content,
-            request_id=request_id,
-            group=group,
-            tenant=tenant,
-        )
-
-    async def sample(
-        self,
-        request: TokenRequest,
-        *,
-        session: str | None = None,
-        session_implied: bool = False,
-        headers: HeaderInput = None,
-        completions_body: bytes | None = None,
-        request_id: str | None = None,
-        group: str | None = None,
-        tenant: str | Tenant | None = None,
-    ) -> Completion:
-        """Sample a token-level ``request`` on whichever engine routing picks, in
-        that engine's dialect (docs/dispatch.md, "Engine dialects"): SGLang
-        ``/generate``, vLLM ``/inference/v1/generate`` when served, else
-        ``/v1/completions`` with ``return_token_ids`` (``completions_body``: that
-        body already encoded, sent as is). Every attempt gets a fresh engine-side id.
-        Returns and raises as :meth:`complete`; ``session``, ``session_implied``
-        ``headers``, ``request_id``, ``group`` and ``tenant`` as for :meth:`post`. ``request.extra`` goes to
-        ``/v1/completions`` engines only.
-        """
-        response, parse = await self.sample_response(
-            request,
-            session=session,
-            session_implied=session_implied,
-            headers=headers,
-            completions_body=completions_body,
-            request_id=request_id,
-            group=group,
-            tenant=tenant,
-        )
-        return completion_of(response, parse)
-
-    async def sample_response(
-        self,
-        request: TokenRequest,
-        *,
-        session: str | None = None,
-        session_implied: bool = False,
-        headers: HeaderInput = None,
-        completions_body: bytes | None = None,
-        request_id: str | None = None,
-        group: str | None = None,
-        tenant: str | Tenant | None = None,
-    ) -> tuple[ForwardResponse, Callable[[bytes, str | None], Completion]]:
-        """As :meth:`sample`, but the engine's answer as it came, whatever its
-        status, with the function that decodes a 2xx body of it (the dialect of
-        the engine that answered; raises :class:`~trioforward.codec.CodecError`)."""
-        request.adapter = self.adapters.is_adapter(request.model)
-        if completions_body is None:
-            completions_body = _dialect_completions.render(request, "")[1]
-        rendering = Rendering(request, completions_body)
-        json = {"model": request.model, "prompt": request.prompt}
-        req = self._request(
-            "POST",
-            _dialect_completions.PATH,
-            json,
-            completions_body,
-            headers,
-            session,
-            session_implied,
-            request_id,
-            group,
-            tenant,
-        )
-        req.render = rendering
-        return await self._answer(req), rendering.parse
 
     @property
     def continued(self) -> ContinueCounts:
