@@ -4,7 +4,9 @@ State lives in Redis as three hashes and a version (docs/fleet.md, "Control
 plane"): ``paused`` (``"*"`` or an engine URL -> pause mode), ``engines``
 (URL -> ``add`` | ``remove``, on top of the configured engines) and
 ``adapters`` (name -> ``{"path", "parent"}`` as JSON; ``""`` unregisters one,
-configured or not). An
+configured or not); two lists of one-shot records each member runs once,
+``aborts`` and ``confirms`` (an operator's word that an engine runs a weight
+version). An
 admin change is one ``MULTI`` transaction that edits a hash and increments the
 version, then a ``PUBLISH`` of the version on the fleet's announce channel.
 
@@ -21,6 +23,7 @@ Public interface (what admin routes and other features build on):
 :meth:`ControlPlane.pause`, :meth:`~ControlPlane.resume`,
 :meth:`~ControlPlane.add_engine`, :meth:`~ControlPlane.remove_engine`,
 :meth:`~ControlPlane.register_adapter`, :meth:`~ControlPlane.unregister_adapter`,
+:meth:`~ControlPlane.abort`, :meth:`~ControlPlane.confirm_version`,
 :attr:`~ControlPlane.applied_version`, :meth:`~ControlPlane.wait_applied`.
 """
 
@@ -89,6 +92,7 @@ class ControlPlane:
             self._client_abort
         )
         self._aborts_run: deque[str] = deque(maxlen=ABORTS_KEPT)
+        self._confirms_run: deque[str] = deque(maxlen=ABORTS_KEPT)
 
     async def _client_abort(
         self, ids: list[str] | None, group: str | None, every: bool
@@ -148,6 +152,22 @@ class ControlPlane:
         """Unregister adapter ``name`` on every member."""
         key = self._keys.control("adapters")
         return await self._change(lambda p: p.hset(key, {name: ""}))
+
+    async def confirm_version(self, url: str, version: str) -> int:
+        """The operator's word that engine ``url`` runs weight ``version`` (one that
+        cannot report it: docs/operations.md, "One weight version across the
+        engines"), applied once by every member: a member holding ``url`` out for
+        that version takes it back. A member that joins later applies the records
+        kept (the last :data:`ABORTS_KEPT`) when it joins. Raises
+        :class:`FleetLagging`, :class:`~trioforward.fleet.StateUnavailable`."""
+        record = orjson.dumps({"id": uuid.uuid4().hex, "url": url.rstrip("/"), "version": version})
+        key = self._keys.control("confirms")
+
+        def edit(p: Any) -> None:
+            p.rpush(key, [record])
+            p.ltrim(key, -ABORTS_KEPT, -1)
+
+        return await self._change(edit)
 
     async def abort(
         self, ids: list[str] | None, group: str | None, every: bool
@@ -262,6 +282,7 @@ class ControlPlane:
             adapters_reply = pipe.hgetall(keys.control("adapters"))
             weights_reply = pipe.get(keys.control("weight_version"))
             aborts_reply = pipe.lrange(keys.control("aborts"), 0, -1)
+            confirms_reply = pipe.lrange(keys.control("confirms"), 0, -1)
         raw_version = await version_reply
         version = int(raw_version) if raw_version is not None else 0
         if version == self.applied_version and version:
@@ -280,6 +301,7 @@ class ControlPlane:
             text = weight_version.decode() if isinstance(weight_version, bytes) else weight_version
             self._client.weights.record_version(str(text))
         await self._apply(paused, engines, adapters)
+        self._run_confirms([bytes(r) for r in await confirms_reply])
         await self._run_aborts([bytes(r) for r in await aborts_reply])
         self.applied_version = version
         self._applied_event.set()
@@ -328,6 +350,21 @@ class ControlPlane:
             if op == "remove" and url in known:
                 client.engines.remove(url)
 
+
+    def _run_confirms(self, records: list[bytes]) -> None:
+        """Apply each version confirmation not applied here yet (after the recorded
+        version and the engines, so the engine it names is known and held)."""
+        engines = self._client.engines
+        for raw in records:
+            record = orjson.loads(raw)
+            if record["id"] in self._confirms_run:
+                continue
+            self._confirms_run.append(record["id"])
+            try:
+                engine = engines.get(record["url"])
+            except KeyError:
+                continue  # removed since
+            self._client.versions.confirm(engine, record["version"])
 
     async def _run_aborts(self, records: list[bytes]) -> None:
         """Run each abort record not run here yet, and write this member's counts

@@ -292,15 +292,20 @@ def install_routes(app: QuartTrio) -> None:
             state.client.engines.add(url, kind)
         if confirmed is not None:
             # The operator's word that it runs this version (an engine that cannot
-            # report one): docs/operations.md, "One weight version across the engines".
+            # report one): docs/operations.md, "One weight version across the engines";
+            # in fleet mode every member takes it (the version is fleet-wide).
             current = state.client.weights.version
-            if not state.client.versions.confirm(state.client.engines.get(url), confirmed):
+            if confirmed != current:
                 raise RequestError(
                     409,
                     f"weight_version {confirmed!r} is not the current one ({current!r})",
                     code="weight_version_mismatch",
                     param="weight_version",
                 )
+            if state.fleet is not None:
+                await _fleet_wide(state.fleet.control.confirm_version(url, confirmed))
+            else:
+                state.client.versions.confirm(state.client.engines.get(url), confirmed)
         return _json(_engines_json(state), 200 if known else 201)
 
     @app.delete("/admin/engines")
