@@ -74,6 +74,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per request")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-fleet", dest="fleet", action="store_false", help="skip the two-member scenarios")
+    p.add_argument("--only", nargs="+", choices=SCENARIOS, default=None, help="run these scenarios only")
     p.add_argument("--baseline-tree", type=Path, default=None,
                    help="a checkout of the gateway before tenants: adds one_tenant_before")
     p.add_argument("--output", type=Path, default=RESULTS)
@@ -402,6 +403,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 order = paired if repeat % 2 == 0 else paired[::-1]
                 fleet = ["fleet_split", "fleet_mixed"] if args.fleet else []
                 for name in [*order, "b_alone_half", "weights_3_1", *fleet]:
+                    if args.only is not None and name not in args.only:
+                        continue
                     row = _run_one(name, args, engines, Path(tmp), seed)
                     seed += args.flood + args.late + 2 * args.weighted
                     row["repeat"] = repeat

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -11,13 +13,18 @@ import trio
 import trio.testing
 
 from trioforward.dispatch._fair import FairQueue
+from trioforward.dispatch._fair_order import FairOrder
 from trioforward.dispatch._tenants import Tenant
+
+FILLER = Tenant("filler")  # the tenant of the slots a test takes first
+TENANT_OF: dict[str, Tenant] = {}  # request name -> tenant
 
 
 class Req:
     """What the queue reads of a request."""
 
     def __init__(self, tenant: Tenant, name: str, session: int | None = None) -> None:
+        TENANT_OF[name] = tenant
         self.tenant = tenant
         self.name = name
         self.session = session
@@ -39,23 +46,31 @@ async def _park(queue: FairQueue, nursery: trio.Nursery, reqs: list[Req], got: l
 
 
 async def _serve(queue: FairQueue, got: list[Any], count: int) -> list[str]:
-    """Free ``count`` slots one by one; the names of who got them, in order."""
+    """Free ``count`` slots one by one, each the slot of the request served last
+    (the filler's first); the names of who got them, in order."""
     start = len(got)
     for _ in range(count):
-        queue.give_back()
+        queue.give_back(TENANT_OF[got[-1][0]] if len(got) > start else _holder(queue))
         await trio.testing.wait_all_tasks_blocked()
     return [name for name, _ in got[start:]]
+
+
+def _holder(queue: FairQueue) -> Tenant:
+    """Who holds a slot of ``queue`` before a run of ``_serve``: the filler while it does."""
+    if queue.running(FILLER):
+        return FILLER
+    return next(t for t in TENANT_OF.values() if queue.running(t))
 
 
 async def test_weights_interleave_and_a_flow_stays_fifo() -> None:
     a, b = Tenant("a", weight=2), Tenant("b", weight=1)
     queue = FairQueue(1)
-    assert queue.take_nowait()
+    assert queue.take_nowait(FILLER)
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
         await _park(queue, nursery, [Req(a, f"a{i}") for i in range(6)], got)
         await _park(queue, nursery, [Req(b, f"b{i}") for i in range(3)], got)
-        assert len(queue) == 9 and not queue.take_nowait()
+        assert len(queue) == 9 and not queue.take_nowait(FILLER)
         order = await _serve(queue, got, 9)
     # Start tags: a 0, .5, 1, 1.5, 2, 2.5; b 0, 1, 2: a tie goes to the flow that
     # was (re)queued first.
@@ -66,7 +81,7 @@ async def test_weights_interleave_and_a_flow_stays_fifo() -> None:
 async def test_an_idle_tenant_earns_no_credit() -> None:
     a, b = Tenant("a"), Tenant("b")
     queue = FairQueue(1)
-    assert queue.take_nowait()
+    assert queue.take_nowait(FILLER)
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
         await _park(queue, nursery, [Req(a, f"a{i}") for i in range(10)], got)
@@ -76,27 +91,27 @@ async def test_an_idle_tenant_earns_no_credit() -> None:
         await _park(queue, nursery, [Req(b, f"b{i}") for i in range(4)], got)
         order = await _serve(queue, got, 8)
         assert order == ["b0", "a6", "b1", "a7", "b2", "a8", "b3", "a9"]
-        queue.give_back()
+        queue.give_back(TENANT_OF[got[-1][0]])
 
 
 async def test_a_higher_class_first_and_fair_within_it() -> None:
     low, hi1, hi2 = Tenant("low", weight=50), Tenant("hi1", priority=2), Tenant("hi2", priority=2)
     queue = FairQueue(1)
-    assert queue.take_nowait()
+    assert queue.take_nowait(FILLER)
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
         await _park(queue, nursery, [Req(low, f"l{i}") for i in range(3)], got)
         await _park(queue, nursery, [Req(hi1, f"x{i}") for i in range(2)], got)
         await _park(queue, nursery, [Req(hi2, f"y{i}") for i in range(2)], got)
         order = await _serve(queue, got, 7)
-        queue.give_back()
+        queue.give_back(TENANT_OF[got[-1][0]])
     assert order == ["x0", "y0", "x1", "y1", "l0", "l1", "l2"]
 
 
 async def test_a_cancelled_waiter_leaves_its_flow_at_once() -> None:
     a, b = Tenant("a"), Tenant("b")
     queue = FairQueue(1)
-    assert queue.take_nowait()
+    assert queue.take_nowait(FILLER)
     got: list[Any] = []
     scopes: dict[str, trio.CancelScope] = {}
     async with trio.open_nursery() as nursery:
@@ -116,14 +131,14 @@ async def test_a_cancelled_waiter_leaves_its_flow_at_once() -> None:
         # B's emptied flow left a stale heap entry: it is skipped, never served.
         await _park(queue, nursery, [Req(b, "b2")], got)
         assert await _serve(queue, got, 1) == ["b2"]
-        queue.give_back()
+        queue.give_back(TENANT_OF[got[-1][0]])
     assert queue.borrowed_tokens == 0
 
 
 async def test_raising_the_tokens_wakes_waiters_and_hand_over_gives_another_queues_slot() -> None:
     a = Tenant("a")
     home, other = FairQueue(1, "home"), FairQueue(2, "other")
-    assert home.take_nowait()
+    assert home.take_nowait(FILLER)
     got: list[Any] = []
     async with trio.open_nursery() as nursery:
         pinned = Req(a, "pinned", session=7)
@@ -141,3 +156,65 @@ async def test_raising_the_tokens_wakes_waiters_and_hand_over_gives_another_queu
         home.total_tokens = 0
     home.total_tokens = math.inf
     assert home.available_tokens == math.inf
+
+
+def _slots(
+    order: FairOrder[Any], count: int, grants: int, *, shuffled: bool = False
+) -> Counter[str]:
+    """``count`` slots served from ``order`` for ``grants`` more grants, the slot
+    held longest freeing first (requests of one length) or, ``shuffled``, any of
+    them (lengths vary; seeded). Per tenant: its grants, or with ``shuffled`` the
+    slots it held summed over the grants (its share of the slots over time:
+    which slot frees is random, so grant counts are noisy)."""
+    holders = [order.pop()[0][0] for _ in range(count)]
+    served: Counter[str] = Counter()
+    rng = random.Random(7)
+    for _ in range(grants):
+        order.ended(TENANT_OF[holders.pop(rng.randrange(count) if shuffled else 0)])
+        (name, _), _ = order.pop()
+        holders.append(name)
+        served.update(holders if shuffled else [name])
+    return served
+
+
+@pytest.mark.parametrize("slots", [2, 4, 10])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_weights_three_to_one_hold_on_few_slots_and_the_heaps_stay_small(
+    slots: int, shuffled: bool
+) -> None:
+    heavy, light = Tenant("heavy", weight=3), Tenant("light", weight=1)
+    order: FairOrder[Any] = FairOrder(counted=True)
+    TENANT_OF.update(heavy=heavy, light=light)
+    for i in range(12000):
+        for t in (heavy, light):
+            order.push(t, (t.name, i), None)
+    served = _slots(order, slots, 10000, shuffled=shuffled)
+    # Fewest running alone would hold 1:1 on 2 slots (and 7:3 on 10): SFQ
+    # shares out what whole slots cannot.
+    # Shuffled: the time average of the slots held, 3:1 give or take the
+    # randomness of which slot frees (seeded: SFQ alone spreads as much).
+    low, high = (2.8, 3.2) if shuffled else (2.85, 3.15)
+    assert low <= served["heavy"] / served["light"] <= high, served
+    # Stale entries are dropped: each heap holds a few entries per tenant.
+    assert len(order._heap) <= 2 * 2 + 8 and len(order._run_heap) <= 2 * 2 + 8
+
+
+def test_fewest_running_first_then_each_keeps_its_freed_slots() -> None:
+    flood, late = Tenant("flood"), Tenant("late")
+    order: FairOrder[Any] = FairOrder(counted=True)
+    for i in range(100):
+        order.push(flood, ("flood", i), None)
+    running = [order.pop()[0][0] for _ in range(8)]
+    assert order.running(flood) == 8
+    for i in range(10):
+        order.push(late, ("late", i), None)
+    got = []
+    for _ in range(4):  # four of the flood's slots free: all four go to the newcomer
+        order.ended(flood)
+        got.append(order.pop()[0][0])
+    assert got == ["late"] * 4 and order.running(late) == order.running(flood) == 4
+    order.ended(flood)
+    assert order.pop()[0][0] == "flood"  # its own slot back: late runs its share already
+    order.ended(late)
+    assert order.pop()[0][0] == "late"
+    assert running == ["flood"] * 8

@@ -77,30 +77,57 @@ async def _admitted(client: Client, count: int) -> None:
     await until(lambda: (s := client.statistics()).queued + s.in_flight >= count)
 
 
-async def test_equal_weights_a_newcomer_gets_every_other_slot_at_once(fd_baseline: int) -> None:
+async def test_equal_weights_a_newcomer_takes_every_freed_slot_up_to_its_share(
+    fd_baseline: int,
+) -> None:
     tenants = _tenants(a={"keys": ["ka"]}, b={"keys": ["kb"]})
-    async with open_engine() as engine, client_for(engine, engine_capacity=4, tenants=tenants) as client:
+    async with (
+        open_engine() as engine,
+        client_for(engine, engine_capacity=8, tenants=tenants) as client,
+    ):
         t = Traffic(client)
-        engine.prefill_stall(math.inf)  # the first four hold the slots
+        engine.prefill_stall(math.inf)  # nothing finishes by itself
         async with trio.open_nursery() as nursery:
-            t.send(nursery, "a", 40)
-            await _queued(client, 36)
+            # A's first eight hold the slots; each can be ended on its own (its
+            # caller gives up: the slot frees), so slots free one at a time.
+            scopes = []
+            for seed in range(8):
+                scope = trio.CancelScope()
+                scopes.append(scope)
+                nursery.start_soon(_held, client, scope, seed)
+                t.seed_of[seed] = "a"
+            t._next = 8
+            await engine.stats.wait_for(lambda s: s.running == 8)
+            t.send(nursery, "a", 32)
+            await _queued(client, 32)
             t.send(nursery, "b", 8)  # B arrives behind A's whole flood
-            await _queued(client, 44)
+            await _queued(client, 40)
+            for i, scope in enumerate(scopes):
+                scope.cancel()  # one of A's slots frees
+                await engine.stats.wait_for(lambda s, n=9 + i: len(s.by_seed) == n)
+            order = t.engine_order(engine)
+            # Fewest running first: the first four slots A frees all go to B (it
+            # then runs as many as A: its share), the next four back to A; start-
+            # time fair queueing alone would alternate (b, a, b, a, ...).
+            assert order[8:12] == ["b"] * 4, order[8:16]
+            assert order[12:16] == ["a"] * 4, order[8:16]
+            await engine.stats.wait_for(lambda s: s.aborted == 8)  # engine-side: the eight ended
             engine.end_stall()
-        assert t.dispatched[:4] == ["a"] * 4
-        # From the first freed slot on, B takes every other one: its eight are in
-        # the next sixteen dispatches (give or take the slots freed together), not
-        # after A's 36.
-        assert t.dispatched[4:21].count("b") == 8
-        assert 3 <= t.dispatched[4:12].count("b") <= 5
         assert completions(engine) == 48
         assert client.statistics().tenants["b"].served == 8
 
 
+async def _held(client: Client, scope: trio.CancelScope, seed: int) -> None:
+    with scope:
+        await client.post(COMPLETION, json=body(seed=seed), tenant="a")
+
+
 async def test_weights_three_to_one_share_the_slots_three_to_one(fd_baseline: int) -> None:
     tenants = _tenants(heavy={"weight": 3}, light={"weight": 1})
-    async with open_engine() as engine, client_for(engine, engine_capacity=8, tenants=tenants) as client:
+    async with (
+        open_engine() as engine,
+        client_for(engine, engine_capacity=8, tenants=tenants) as client,
+    ):
         t = Traffic(client)
         engine.prefill_stall(math.inf)
         async with trio.open_nursery() as nursery:
@@ -122,7 +149,10 @@ async def test_weights_three_to_one_share_the_slots_three_to_one(fd_baseline: in
 
 async def test_a_higher_class_goes_first(fd_baseline: int) -> None:
     tenants = _tenants(batch={"priority": 0, "weight": 10}, eval={"priority": 1})
-    async with open_engine() as engine, client_for(engine, engine_capacity=2, tenants=tenants) as client:
+    async with (
+        open_engine() as engine,
+        client_for(engine, engine_capacity=2, tenants=tenants) as client,
+    ):
         t = Traffic(client)
         engine.prefill_stall(math.inf)
         async with trio.open_nursery() as nursery:
@@ -156,7 +186,10 @@ async def test_a_tenant_over_max_outstanding_is_refused_while_others_are_served(
     fd_baseline: int,
 ) -> None:
     tenants = _tenants(greedy={"max_outstanding": 3}, other={})
-    async with open_engine() as engine, client_for(engine, engine_capacity=2, tenants=tenants) as client:
+    async with (
+        open_engine() as engine,
+        client_for(engine, engine_capacity=2, tenants=tenants) as client,
+    ):
         t = Traffic(client)
         engine.prefill_stall(math.inf)
         async with trio.open_nursery() as nursery:

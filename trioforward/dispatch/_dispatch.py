@@ -233,7 +233,7 @@ class Dispatcher(AttemptLoop):
         self.in_flight -= 1
         req.tenant.in_flight -= 1
         engine.calls.discard(req)
-        engine.queue.give_back()
+        engine.queue.give_back(req.tenant)
         engine.call_finished()
         conserve(self.router, self.registry, engine)
         t0 = trio.current_time()

@@ -85,7 +85,7 @@ async def acquire(
             registry.wake()  # hand the wake-up on: parked requests leave in FIFO order
             woken = False
         queue = engine.queue
-        if not queue.take_nowait():
+        if not queue.take_nowait(req.tenant):
             waited = True
             if trio.current_time() >= queue_deadline:
                 raise QueueTimeout(
@@ -115,7 +115,7 @@ async def acquire(
         if engine.eligible:
             return engine, (trio.current_time() if waited else now)
         # Became ineligible between the token hand-off and now.
-        engine.queue.give_back()
+        engine.queue.give_back(req.tenant)
         avoid = None
 
 
