@@ -12,6 +12,7 @@ import trio.testing
 from dispatch_testing import COMPLETION, body, client_for
 
 from trioforward.dispatch import ForwardResponse
+from trioforward.errors import TenantQueueFull
 from trioforward.sim import expected_completion, open_engine
 
 PROMPT = [1, 2, 3]
@@ -392,3 +393,42 @@ async def test_token_requests_continue_through_every_dialect(
             ]
             assert choice.logprobs is not None and len(choice.logprobs) == 10
         assert engine.stats.tokens_decoded == 20 and client.continued.answers == 1
+
+
+async def test_continuations_and_replays_are_the_same_request_for_max_outstanding(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The tenant may have one request outstanding: its continuations (one per
+    # choice, four at once) and a whole replay are that request, never one more.
+    tenants = {"default": {"max_outstanding": 1}}
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine, tenants=tenants) as client,
+    ):
+        await client.resume(weight_version="v1")
+        results: list[ForwardResponse] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, results, gen(n=4, return_token_ids=True))
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.45)
+            await update(client, "v2")
+        doc = results[0].json()
+        assert [len(c["token_ids"]) for c in doc["choices"]] == [10] * 4
+        assert engine.stats.by_path[COMPLETION] == 5  # the first attempt, four continuations
+        assert client.statistics().tenants["default"].rejections == 0
+
+        # Whole replay: aborted before its first token, it stays outstanding through
+        # the pause (another request is refused meanwhile) and runs again unrefused.
+        results.clear()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, results, gen(return_token_ids=True))
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await client.pause(engine_mode="abort", replay="continue")
+            with pytest.raises(TenantQueueFull):
+                await client.post(COMPLETION, json=gen())
+            await client.resume(weight_version="v3")
+        [choice] = results[0].json()["choices"]
+        assert [s["version"] for s in choice["weight_versions"]] == ["v3"] and len(choice["token_ids"]) == 10
+        assert engine.stats.by_path[COMPLETION] == 7  # the aborted attempt and the replay
+        stats = client.statistics().tenants["default"]
+        assert stats.rejections == 1 and stats.outstanding == 0

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from functools import partial
 
 import trio
@@ -155,14 +155,10 @@ class Dispatcher(AttemptLoop):
         :class:`TrioforwardError` leaving it carries the request's facts
         (:meth:`Request.stamp`).
         """
-        if not req.request_id:
-            req.request_id = self.ids.request_id()
         tenant = req.tenant
-        refused = refusal(tenant, self.outstanding, self.max_outstanding)
-        if refused is not None:
-            raise self._hinted(req.stamp(refused))
-        self.outstanding += 1
-        tenant.outstanding += 1
+        held = req.admitted  # a replay or a continuation: admitted once already
+        if not held:
+            self._admit(req)
         try:
             self.requests_total += 1
             arrival = trio.current_time()
@@ -212,11 +208,44 @@ class Dispatcher(AttemptLoop):
                     raise
             raise self._hinted(req.stamp(req.aborted()))
         finally:
-            self.outstanding -= 1
-            tenant.outstanding -= 1
+            if not held:
+                self._release(req)
             if req.attempts:
                 tenant.served += 1
             tenant.observe_queue_time(req.queue_time)
+
+    def _admit(self, req: Request) -> None:
+        """Count ``req`` in ``outstanding`` (the client's and its tenant's), or raise
+        :class:`TenantQueueFull` / :class:`QueueFull` (nothing held)."""
+        if not req.request_id:
+            req.request_id = self.ids.request_id()
+        refused = refusal(req.tenant, self.outstanding, self.max_outstanding)
+        if refused is not None:
+            raise self._hinted(req.stamp(refused))
+        self.outstanding += 1
+        req.tenant.outstanding += 1
+        req.admitted = True
+
+    def _release(self, req: Request) -> None:
+        self.outstanding -= 1
+        req.tenant.outstanding -= 1
+        req.admitted = False
+
+    @contextmanager
+    def admission(self, req: Request) -> Iterator[None]:
+        """``with dispatcher.admission(req):`` — ``req`` admitted once for the block
+        (raises as :meth:`request` does when refused): every dispatch of it inside,
+        a whole replay after an engine pause included, and every continuation
+        made from it (``derived``) count as this one request against
+        ``max_outstanding``, the client's and its tenant's."""
+        if req.admitted:
+            yield
+            return
+        self._admit(req)
+        try:
+            yield
+        finally:
+            self._release(req)
 
     def _give_back(self, req: Request, engine: Engine, start: float, reply: Reply | None = None) -> float:
         """End ``req``'s dispatch on ``engine`` (capacity, counts; ``reply``'s body

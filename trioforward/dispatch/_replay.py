@@ -48,6 +48,11 @@ async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
     far (``"continue"``, :mod:`._continue`; whole when it cannot be). A
     ``finish_reason: "abort"`` answer of such a request is never handed out
     (DispatchAborted without replay)."""
+    with dispatcher.admission(req):  # every replay and continuation: this one request
+        return await _replaying(dispatcher, req)
+
+
+async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
     crossed = False  # replayed whole after a continue pause: the answer gets its span
     while True:
         try:
@@ -98,6 +103,13 @@ async def replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterato
     """``dispatcher.stream(req)``, run again when an engine pause ended it before its
     head went to the caller (after that it is never replayed: DispatchAborted)."""
     req.streaming = True
+    with dispatcher.admission(req):  # every replay and continuation: this one request
+        async with _replaying_stream(dispatcher, req) as reply:
+            yield reply
+
+
+@asynccontextmanager
+async def _replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterator[Reply]:
     while True:
         try:
             # The nursery: a continued stream's sub-streams (_continue_stream), ended

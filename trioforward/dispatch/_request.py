@@ -158,6 +158,7 @@ class Request:
         "queue_scope",
         "rerouted",
         "tenant",
+        "admitted",
         "abort_reason",
         "phase",
         "attempts",
@@ -217,6 +218,10 @@ class Request:
         # Whose share of the engines it is served from (the client always names
         # one; a Request built on its own belongs to a tenant of its own).
         self.tenant = tenant if tenant is not None else _unnamed()
+        # Counted in ``outstanding`` (the client's and its tenant's) by an outer
+        # admission (Dispatcher.admission): a replay or a continuation of an
+        # admitted request, which is the same request, not one more.
+        self.admitted = False
         self.abort_reason: str | None = None
         self.phase = Phase.QUEUED
         self.attempts = 0
