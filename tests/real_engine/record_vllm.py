@@ -21,12 +21,17 @@ import httpx
 from vllm_probes import PROBES
 
 
-def record(urls: dict[str, str], directory: Path, out: Path) -> list[str]:
-    """Run every probe in order against ``urls[probe.engine]``; returns the names written."""
+def record(
+    urls: dict[str, str], directory: Path, out: Path, names: set[str] | None = None
+) -> list[str]:
+    """Run every probe (those in ``names``, if given) in order against
+    ``urls[probe.engine]``; returns the names written."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with httpx.Client(timeout=120) as client:
         for probe in PROBES:
+            if names is not None and probe.name not in names:
+                continue
             content = None if probe.body is None else probe.content(str(directory))
             headers = {} if content is None else {"content-type": "application/json"}
             reply = client.request(

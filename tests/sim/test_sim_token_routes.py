@@ -98,7 +98,8 @@ async def test_vllm_token_route_only_with_scale_out(fd_baseline: int) -> None:
         choice = answer["choices"][0]
         assert choice["token_ids"] == tokens and choice["finish_reason"] == "length"
         assert [c["logprob"] for c in choice["logprobs"]["content"]] == logprobs
-        assert choice["weight_versions"] is None  # no version set yet
+        # vLLM's engine core starts at version "default" (recorded: tokens_generate)
+        assert choice["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
         await request(engine, "POST", "/update_weight_version", {"new_version": "v1"})
         choice = (await request(engine, "POST", "/inference/v1/generate", body)).json()["choices"][0]
         assert choice["weight_versions"] == [{"version": "v1", "start": 0, "end": 3}]

@@ -26,7 +26,7 @@ async def sims(fd_baseline: int) -> AsyncIterator[dict[str, SimEngine]]:
     """One simulated engine per recorded engine, configured the same way."""
     common = {"models": (MODEL,), "max_model_len": MAX_MODEL_LEN}
     async with (
-        open_engine(runtime_lora=False, **common) as base,  # type: ignore[arg-type]
+        open_engine(runtime_lora=False, scale_out=True, **common) as base,  # type: ignore[arg-type]
         open_engine(
             adapters={"res1": f"{DIR}/resolver/res1"},
             lazy_adapters=0,

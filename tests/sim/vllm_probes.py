@@ -61,11 +61,17 @@ def _chat(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0, **fields}
 
 
+def _tokens(**params: Any) -> dict[str, Any]:
+    """A body of vLLM's token route (on with ``--enable-scale-out``)."""
+    return {"token_ids": PROMPT_IDS, "sampling_params": {"max_tokens": 8, "temperature": 0, **params}}
+
+
 def _load(name: str, path: str, **fields: Any) -> dict[str, Any]:
     return {"lora_name": name, "lora_path": path, **fields}
 
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
+GEN, ABORT = "/inference/v1/generate", "/inference/v1/abort_requests"
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 USAGE = {"include_usage": True}
 NO_ROUTE = "the gateway never calls this route, so the sim does not serve it"
@@ -111,6 +117,32 @@ PROBES: list[Probe] = [
     Probe("tokenize", "/tokenize", {"model": MODEL, "prompt": "Hello, how are you?"}, sim=NO_ROUTE),
     Probe("detokenize", "/detokenize", {"model": MODEL, "tokens": PROMPT_IDS}, sim=NO_ROUTE),
     Probe("lora_load_route_disabled", LOAD, _load("a1", "{dir}/loras/a1")),
+    # -- vLLM's token route, on the base engine (--enable-scale-out) --
+    Probe("tokens_generate", GEN, _tokens()),
+    Probe("tokens_generate_logprobs", GEN, {**_tokens(logprobs=1), "request_id": "probe-lp"}),
+    Probe("tokens_generate_n2_seed", GEN, _tokens(n=2, seed=7, temperature=1.0, max_tokens=4)),
+    Probe("tokens_generate_model", GEN, {**_tokens(max_tokens=2), "model": MODEL}),
+    Probe(
+        "tokens_generate_stream",
+        GEN,
+        {**_tokens(logprobs=0), "stream": True, "stream_options": USAGE},
+        stream=True,
+    ),
+    Probe("tokens_err_missing_token_ids", GEN, {"sampling_params": {"max_tokens": 2}}),
+    Probe("tokens_err_token_ids_type", GEN, {**_tokens(), "token_ids": "hello"}),
+    Probe("tokens_err_missing_sampling_params", GEN, {"token_ids": PROMPT_IDS}),
+    Probe("tokens_err_invalid_json", GEN, b"{bad json"),
+    Probe("tokens_err_max_tokens_type", GEN, _tokens(max_tokens="x")),
+    Probe("tokens_err_unknown_model", GEN, {**_tokens(), "model": "nope"}),
+    Probe("tokens_err_out_of_vocab", GEN, {**_tokens(), "token_ids": [1, 99999]}),
+    Probe("tokens_err_too_long_prompt", GEN, {**_tokens(), "token_ids": TOO_LONG_PROMPT_IDS}),
+    Probe(
+        "tokens_prompt_plus_max_tokens_too_long",
+        GEN,
+        {**_tokens(max_tokens=50), "token_ids": LONG_PROMPT_IDS},
+    ),
+    Probe("tokens_abort_unknown_id", ABORT, {"request_ids": ["nobody"]}),
+    Probe("tokens_abort_missing_ids", ABORT, {}),
     # -- the LoRA engine, in order (each step depends on the ones before) --
     Probe("lora_models_before", "/v1/models", engine="lora"),
     Probe("lora_unknown_adapter_before_load", C, _cmpl(model="a1"), engine="lora"),

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from trioforward.sim._api import Generation
-from trioforward.sim._errors import error_body, invalid_field, missing_field
+from trioforward.sim._errors import ApiError, error_body, invalid_field, invalid_json, missing_field, unknown_model
 from trioforward.sim._generate import VOCAB_SIZE, Sample, expected_prompt_logprobs
 from trioforward.sim._native import Answer, Native, spans
 
@@ -56,7 +56,8 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return _bad("JSON decode error", "body")
+        err = invalid_json(body)
+        return err.status, _JSON, err.body()
     if not isinstance(data, dict):
         err = invalid_field("", "dictionary", data)
         return err.status, _JSON, err.body()
@@ -68,21 +69,27 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
         err = invalid_field("token_ids", "list", ids)
         return err.status, _JSON, err.body()
     if any(not 0 <= t < VOCAB_SIZE for t in ids):
-        return _bad(f"Token id {max(ids)} is out of vocabulary", "token_ids")
+        return _bad(f"Token id {max(ids)} is out of vocabulary")
     params = data.get("sampling_params")
     if not isinstance(params, dict):
         err = missing_field("sampling_params", data) if params is None else invalid_field(
             "sampling_params", "dictionary", params
         )
         return err.status, _JSON, err.body()
-    model = data.get("model") or engine.adapters.base[0]
-    if not engine.adapters.serves(model):
-        return 404, _JSON, error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
     max_tokens = params.get("max_tokens", 16)
     if type(max_tokens) is not int or max_tokens < 0:
-        err = invalid_field("sampling_params.max_tokens", "integer", max_tokens)
+        return _bad_params(params, invalid_field("sampling_params.max_tokens", "integer", max_tokens))
+    model = data.get("model") or engine.adapters.base[0]
+    if not engine.adapters.serves(model):
+        err = unknown_model(model, engine.adapters.base)
         return err.status, _JSON, err.body()
     if engine.max_model_len is not None:
+        if len(ids) > engine.max_model_len:
+            return _bad(
+                f"The decoder prompt (length {len(ids)}) is longer than the maximum model length of "
+                f"{engine.max_model_len}. Make sure that `max_model_len` is no smaller than the number "
+                "of text tokens."
+            )
         max_tokens = min(max_tokens, engine.max_model_len - len(ids))
     stop = params.get("stop") or []
     gen = Generation(
@@ -105,6 +112,22 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
     return Native(gen, rid, [rid] * gen.n, {"created": int(time.time()), "return_token_ids": data.get("return_token_ids")})
 
 
+def _bad_params(params: dict[str, Any], inner: ApiError) -> Answer:
+    """A field of ``sampling_params`` pydantic refuses: vLLM 0.32 reports the
+    ``SamplingParams`` instance check first, then the field (recorded answer
+    ``tokens_err_max_tokens_type``)."""
+    first = {
+        "type": "is_instance_of",
+        "loc": "body.sampling_params",
+        "msg": "Input should be an instance of SamplingParams",
+        "input": f"<dict of {len(params)} items>",
+        "ctx": {"class": "SamplingParams"},
+    }
+    detail = inner.message.split("\n  ", 1)[1]
+    message = f"2 validation errors:\n  {first!r}\n  {detail}"
+    return 400, _JSON, error_body(message, "Bad Request", 400, "body.sampling_params")
+
+
 def _logprobs(s: Sample, k: int | None, start: int = 0) -> dict[str, Any] | None:
     if k is None:
         return None
@@ -123,17 +146,29 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 
-def _choice(i: int, s: Sample, gen: Generation, versions: list[str | None], start: int, final: bool) -> dict[str, Any]:
+def _spans(engine: SimEngine, versions: list[str | None], length: int) -> list[dict[str, Any]]:
+    """The spans over ``length`` output positions: vLLM's engine core starts at version
+    ``"default"`` (``vllm/v1/engine/core.py``), so a span is there without any update."""
+    now = engine.rl.weight_version or "default"
+    filled = [v or "default" for v in versions[:length]]
+    filled += [filled[-1] if filled else now] * (length - len(filled))
+    return spans(list(filled), length) or []
+
+
+def _choice(
+    engine: SimEngine, i: int, s: Sample, gen: Generation, versions: list[str | None], start: int, final: bool
+) -> dict[str, Any]:
     return {
         "index": i,
         "finish_reason": s.finish_reason or None,
         "stop_reason": s.stop_reason if s.finish_reason == "stop" else None,
         "token_ids": list(s.tokens[start:]),
         **_NULLS,
-        "weight_versions": spans(versions, len(s.tokens)) if final else None,
+        "weight_versions": _spans(engine, versions, len(s.tokens)) if final else None,
         "logprobs": _logprobs(s, gen.logprobs, start),
     }
 
@@ -156,7 +191,7 @@ def whole(engine: SimEngine, nat: Native, samples: list[Sample], versions: list[
         "ec_transfer_params": None,
         "output_mode": "tokens",
         "choices": [
-            {**_choice(i, s, gen, versions, 0, True), "finish_reason": s.finish_reason or "stop"}
+            {**_choice(engine, i, s, gen, versions, 0, True), "finish_reason": s.finish_reason or "stop"}
             for i, s in enumerate(samples)
         ],
     }
@@ -182,7 +217,7 @@ def chunk(
             "request_id": rid,
             "usage": None,
             "output_mode": "tokens",
-            "choices": [_choice(i, s, gen, versions, sent[i], finished)],
+            "choices": [_choice(engine, i, s, gen, versions, sent[i], finished)],
         }
         out.append(b"data: " + orjson.dumps(event) + b"\n\n")
         sent[i] = -1 if finished else len(s.tokens)
@@ -190,6 +225,7 @@ def chunk(
         if gen.include_usage:
             usage = _usage(len(gen.prompts[0]), sum(len(s.tokens) for s in samples))
             usage.pop("prompt_tokens_details")
+            usage.pop("completion_tokens_details")
             tail = {"request_id": rid, "usage": usage, "output_mode": "tokens", "choices": []}
             out.append(b"data: " + orjson.dumps(tail) + b"\n\n")
         out.append(b"data: [DONE]\n\n")
