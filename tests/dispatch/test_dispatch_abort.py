@@ -101,3 +101,29 @@ async def test_abort_on_sglang_names_the_rid_of_its_native_route(fd_baseline: in
         assert choice.finish_reason == "abort" and len(choice.tokens) < LONG
         assert engine.stats.by_path["/abort_request"] >= 1
         assert engine.stats.aborted == 0  # ended by its abort route, not a closed connection
+
+
+async def test_abort_of_an_openai_route_request_on_sglang_names_its_body_rid(fd_baseline: int) -> None:
+    # /v1/completions on SGLang ran as the body's rid (the attempt's engine-side id):
+    # the abort asks /abort_request {"rid"} for it and SGLang's answer has the
+    # tokens so far, finish_reason abort; no connection closed.
+    out: list[object] = []
+    async with open_engine(kind="sglang", decode_ms_per_token=5) as engine, client_for(
+        engine, abort_grace=30.0
+    ) as client:
+        await client.engines.wait_kind(engine.url)
+
+        async def one() -> None:
+            out.append(await client.post("/v1/completions", json=body(max_tokens=LONG, return_token_ids=True), group="v"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await until(lambda: engine.stats.running == 1)
+            counts = await client.abort(group="v")
+        assert counts.on_engine == 1
+        (response,) = out
+        (choice,) = response.json()["choices"]  # type: ignore[attr-defined]
+        assert response.status == 200  # type: ignore[attr-defined]
+        assert choice["finish_reason"] == "abort" and len(choice["token_ids"]) < LONG
+        assert engine.stats.by_path["/abort_request"] >= 1
+        assert engine.stats.aborted == 0  # ended by its abort route, not a closed connection

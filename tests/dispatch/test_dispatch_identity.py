@@ -48,3 +48,20 @@ async def test_a_dispatch_error_names_the_request_id(fd_baseline: int) -> None:
         with pytest.raises(EngineConnectError) as info:
             await client.post("/v1/completions", json=body(), request_id="lost-1")
         assert info.value.request_id == "lost-1"
+
+
+async def test_sglang_openai_routes_get_the_engine_side_id_as_the_body_rid(fd_baseline: int) -> None:
+    # SGLang's /v1 routes ignore X-Request-Id: the id goes as the body's "rid"
+    # (last, over the caller's own), which SGLang answers as the completion's id.
+    async with open_engine(kind="sglang") as engine, client_for(engine) as client:
+        await client.engines.wait_kind(engine.url)
+        plain = await client.post("/v1/completions", json=body(rid="mine"), request_id="s-1")
+        chat = await client.post(
+            "/v1/chat/completions",
+            json={"model": "sim-base", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+            request_id="s-2",
+        )
+        first, second = engine.stats.request_ids
+        assert first.startswith("s-1.") and second.startswith("s-2.")
+        assert plain.json()["id"] == first and chat.json()["id"] == second
+        assert engine.stats.by_path["/v1/completions"] == engine.stats.by_path["/v1/chat/completions"] == 1

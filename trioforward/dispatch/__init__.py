@@ -22,7 +22,7 @@ from trioforward.dispatch._engine_control import ENGINE_MODES
 from trioforward.dispatch._engines import EngineInfo
 from trioforward.dispatch._fair import FairOrder
 from trioforward.dispatch._forward_stream import ForwardStream
-from trioforward.dispatch._identity import MAX_ID_LENGTH, bad_id_reason
+from trioforward.dispatch._identity import MAX_ID_LENGTH, bad_id_reason, with_rid
 from trioforward.dispatch._kinds import KINDS as ENGINE_KINDS
 from trioforward.dispatch._tenants import QUEUE_TIME_BUCKETS, Tenant, TenantStatistics, TenantTable
 from trioforward.dispatch._types import ClientStatistics, ForwardResponse
@@ -58,4 +58,5 @@ __all__ = [
     "pause_conflict",
     "bad_id_reason",
     "MAX_ID_LENGTH",
+    "with_rid",
 ]

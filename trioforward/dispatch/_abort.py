@@ -38,6 +38,7 @@ import trio
 from trioforward.dispatch._abort_answer import abort_body, generate_items, prompt_count
 from trioforward.dispatch._engine_control import EngineControl, EngineControlError
 from trioforward.dispatch._engines import Engine
+from trioforward.dispatch._identity import SGLANG_RID_PATHS
 from trioforward.dispatch._request import Request
 from trioforward.dispatch._types import ForwardResponse
 from trioforward.dispatch._weights import version_label
@@ -87,6 +88,12 @@ def engine_names(req: Request) -> list[str]:
         extra = [f"generate-tokens-{engine_id}"]
     else:
         extra = []
+    if req.engine is not None and req.engine.kind == "sglang" and req.url_path in SGLANG_RID_PATHS:
+        # Its OpenAI routes ran it as the body's rid; a prompt list's items as
+        # <rid>_<i> (its tokenizer aborts exact ids only; n > 1 runs under ids of
+        # SGLang's own, which only a closed connection reaches).
+        count = prompt_count(req.content) if req.url_path == "/v1/completions" else 1
+        return [engine_id, *(f"{engine_id}_{i}" for i in range(count if count > 1 else 0))]
     if req.url_path.endswith("/chat/completions"):
         return [f"chatcmpl-{engine_id}", engine_id, *extra]
     if req.url_path.endswith("/completions"):

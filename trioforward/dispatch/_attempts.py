@@ -24,7 +24,7 @@ from trioforward import Phase
 from trioforward.dispatch._adapters import AdapterLoader
 from trioforward.dispatch._budget import RetryBudget
 from trioforward.dispatch._engines import Engine, Registry
-from trioforward.dispatch._identity import IdMaker
+from trioforward.dispatch._identity import SGLANG_RID_PATHS, IdMaker, with_rid
 from trioforward.dispatch._outcome import Reply, gateway_error, retry_after
 from trioforward.dispatch._policy import (
     Action,
@@ -73,14 +73,17 @@ class AttemptLoop:
         ids = self.ids
         while True:
             req.attempts += 1
-            # A fresh engine-side id per attempt, as vLLM takes it (X-Request-Id;
-            # docs/server.md, "Request ids and rollout groups").
+            # A fresh engine-side id per attempt, as the engine takes it: vLLM the
+            # X-Request-Id header, SGLang the body's rid (docs/server.md, "Request
+            # ids and rollout groups").
             engine_id = req.engine_request_id = ids.engine_id(req.request_id)
             req.engine_request_ids.append(engine_id)
             if req.render is not None:  # a token-level request: this engine's dialect
                 path, body_sent = req.render(engine, engine_id)
                 url = engine.url + path
                 req.url_path = path  # what the last attempt was (continue reads it)
+            elif engine.kind == "sglang" and req.url_path in SGLANG_RID_PATHS:
+                body_sent = with_rid(req.content, engine_id)  # SGLang's /v1: the body's rid
             if req.on_dispatch is not None:
                 req.on_dispatch(engine.url, req.attempts, req.queue_time)
             # CONNECT from here: waiting for an adapter load is part of getting the

@@ -18,10 +18,25 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["MAX_ID_LENGTH", "IdMaker", "check_id", "bad_id_reason"]
+import orjson
+
+__all__ = ["MAX_ID_LENGTH", "SGLANG_RID_PATHS", "IdMaker", "check_id", "bad_id_reason", "with_rid"]
 
 #: Longest request id or rollout group (characters).
 MAX_ID_LENGTH = 128
+#: SGLang's OpenAI routes: they take the request id from the body's ``"rid"``
+#: and ignore ``X-Request-Id`` (``srt/entrypoints/openai/protocol.py``, ``rid``;
+#: ``serving_base.py``); the answer's ``id`` and ``/abort_request`` use it.
+SGLANG_RID_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+def with_rid(body: bytes, rid: str | list[str]) -> bytes:
+    """``body`` (a JSON object's bytes) with ``"rid": rid`` appended last, so it wins
+    over a ``"rid"`` of the caller's (JSON parsers keep the last of a duplicate key);
+    the rest goes byte for byte."""
+    inner = body.rstrip()[:-1].rstrip()
+    sep = b"" if inner.endswith(b"{") else b","
+    return inner + sep + b'"rid":' + orjson.dumps(rid) + b"}"
 
 
 def bad_id_reason(value: object) -> str | None:

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 import trio
 
+from trioforward.dispatch import with_rid
 from trioforward.server._asgi import Call, Route, respond
 from trioforward.server._callers import callers
 from trioforward.server._errors import RequestError, bad_request
@@ -68,13 +69,6 @@ def _validate(path: str, data: dict[str, Any]) -> None:
         raise bad_request("'stream' must be true or false", "stream")
 
 
-def _with_rid(body: bytes, rid: str | list[str]) -> bytes:
-    """``body`` (a JSON object) with ``"rid"`` appended last (it wins over the caller's)."""
-    inner = body.rstrip()[:-1].rstrip()
-    sep = b"" if inner.endswith(b"{") else b","
-    return inner + sep + b'"rid":' + orjson.dumps(rid) + b"}"
-
-
 def _start(call: Call) -> Awaitable[None]:
     path, data, state = call.path, call.data, call.state
     _validate(path, data)
@@ -107,7 +101,7 @@ def _start(call: Call) -> Awaitable[None]:
         if kind != "sglang":
             return path, call.body  # the id goes as X-Request-Id
         rid: str | list[str] = [f"{engine_id}-{i}" for i in range(count)] if count else engine_id
-        return path, _with_rid(call.body, rid)
+        return path, with_rid(call.body, rid)
 
     forward_kw["render"] = render
     transform = _restore(caller, sent)

@@ -27,6 +27,7 @@ import logging
 import math
 import socket
 import time
+import uuid
 from collections.abc import Collection, Mapping
 
 import orjson
@@ -349,13 +350,20 @@ class SimEngine(TimingModel):
             return await ex.respond(*self.adapters.unknown(gen.model, self._nursery.start_soon))
         # vLLM takes X-Request-Id as its request id ("cmpl-<id>", "chatcmpl-<id>"),
         # and its abort route names a completion prompt "<id>-<index>" (one prompt
-        # here: "-0"; vllm/entrypoints/openai/completion/serving.py).
+        # here: "-0"; vllm/entrypoints/openai/completion/serving.py). SGLang's
+        # OpenAI routes take the body's "rid" instead, no header, as the answer's id
+        # and the id /abort_request names (else a uuid hex; openai/serving_base.py).
+        if self.kind == "sglang":
+            request_id = _body_rid(body)
         if request_id is not None:
             stats.request_ids.append(request_id)
             stats.changed()
-        base = request_id if request_id is not None else f"{self.port}-{next(self._ids)}"
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
-        run_id = rid if chat else f"{rid}-0"
+        if self.kind == "sglang":
+            rid = run_id = request_id if request_id is not None else uuid.uuid4().hex
+        else:
+            base = request_id if request_id is not None else f"{self.port}-{next(self._ids)}"
+            rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
+            run_id = rid if chat else f"{rid}-0"
         created = int(time.time())
         if self.instant:
             stats.running += 1
@@ -431,6 +439,12 @@ class SimEngine(TimingModel):
             stats.running -= 1
             stats.changed()
             self._limiter.release()
+
+
+def _body_rid(body: bytes) -> str | None:
+    """An SGLang OpenAI-route body's ``"rid"`` (a string), or ``None``."""
+    rid = orjson.loads(body).get("rid")
+    return rid if isinstance(rid, str) and rid else None
 
 
 def _request_id(request: h11.Request) -> str | None:
