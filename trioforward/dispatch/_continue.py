@@ -37,6 +37,7 @@ __all__ = [
     "continuation_body",
     "joined_answer",
     "spanned",
+    "with_span",
     "is_length_refusal",
     "warn_no_token_ids",
     "ContinueCounts",
@@ -237,6 +238,43 @@ class Generation:
         return out
 
 
+_IDS_KEY = b'"token_ids":'  # not "prompt_token_ids": (the quote before)
+
+
+def with_span(content: bytes, version: str) -> bytes:
+    """A completion answer with one ``weight_versions`` span per choice, ``0..len(token_ids)``
+    under ``version``, inserted right after each choice's ``token_ids`` list: the
+    rest of the engine's bytes untouched (an answer that never crossed an update;
+    docs/operations.md, "Weight versions"). Unchanged when the engine labelled it
+    itself or a choice has no token-id list."""
+    if b'"weight_versions"' in content:
+        return content
+    find = content.find
+    i = find(_IDS_KEY)
+    if i < 0:
+        return content
+    label = orjson.dumps(version)
+    out = []
+    pos = 0
+    while i >= 0:
+        k = i + len(_IDS_KEY)
+        while k < len(content) and content[k] == 32:
+            k += 1
+        if k >= len(content) or content[k] != 91:  # not a list ("token_ids": null)
+            return content
+        end = find(b"]", k)
+        if end < 0:
+            return content
+        inner = content[k + 1 : end]
+        count = inner.count(b",") + 1 if inner.strip() else 0
+        out.append(content[pos : end + 1])
+        out.append(b',"weight_versions":[{"version":%b,"start":0,"end":%d}]' % (label, count))
+        pos = end + 1
+        i = find(_IDS_KEY, pos)
+    out.append(content[pos:])
+    return b"".join(out)
+
+
 def spanned(content: bytes, version: str | None, ids: bool) -> bytes:
     """A whole completion answer made under ``version`` with one ``weight_versions``
     span per choice (an answer replayed whole after a continue pause: it crossed an
@@ -256,7 +294,9 @@ def spanned(content: bytes, version: str | None, ids: bool) -> bytes:
     return orjson.dumps(doc)
 
 
-def continuation_body(body: dict[str, Any], gen: Generation, left: int, stream: bool = False) -> bytes:
+def continuation_body(
+    body: dict[str, Any], gen: Generation, left: int, stream: bool = False
+) -> bytes:
     """The ``/v1/completions`` body continuing ``gen``: prompt ids + tokens so far,
     ``n: 1``, ``max_tokens: left``, token ids asked, the caller's other fields;
     ``stream``: streamed (without a usage chunk)."""

@@ -16,6 +16,7 @@ from trioforward.dispatch._continue import (
     CONTINUE,
     hide_token_ids,
     spanned,
+    with_span,
 )
 from trioforward.dispatch._continue_answer import continued_answer
 from trioforward.dispatch._continue_native import NATIVE_PATHS, continued_native
@@ -64,12 +65,12 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
             # Aborted by an abort call (_abort.py): the engine's abort answer is
             # the caller's, never replayed or continued.
             if req.replay is None or req.aborted_by_call:
-                return _shown(req, reply, crossed)
+                return _shown(req, reply, crossed, dispatcher.weight_version)
             # A token-level request is read by its engine's dialect (_continue_tokens).
             token_level = hasattr(req.render, "parse")  # a Rendering, not a route's own
             tokens = aborted_tokens(req, reply) if token_level else None
             if tokens is None and (token_level or not is_abort_answer(reply.content)):
-                return _shown(req, reply, crossed)
+                return _shown(req, reply, crossed, dispatcher.weight_version)
             if not req.replay:
                 raise req.stamp(req.aborted()) from None
             if req.replay == CONTINUE:
@@ -87,14 +88,19 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
         req.rearm()
 
 
-def _shown(req: Request, reply: Reply, crossed: bool) -> Reply:
+def _shown(req: Request, reply: Reply, crossed: bool, current: str | None) -> Reply:
     """``reply`` as its caller asked for it: without the token ids the gateway asked
-    for; with its ``weight_versions`` span if it ``crossed`` a continue pause."""
-    if 200 <= reply.status < 300:
-        if crossed and req.url_path == CONTINUABLE_PATH and req.render is None:
+    for; with its ``weight_versions`` span if it ``crossed`` a continue pause, or,
+    with the token ids the caller asked for, made under one recorded version
+    (``current`` still the one it was dispatched under; an answer a keep pause
+    spanned names both in ``X-Weight-Version`` only: where the update fell is not known)."""
+    if 200 <= reply.status < 300 and req.url_path == CONTINUABLE_PATH:
+        if crossed and req.render is None:
             reply.content = spanned(reply.content, req.weight_version, not req.asked_ids)
         elif req.asked_ids:
             reply.content = hide_token_ids(reply.content)
+        elif req.render is None and current is not None and req.weight_version == current:
+            reply.content = with_span(reply.content, current)
     return reply
 
 
