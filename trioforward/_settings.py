@@ -86,6 +86,7 @@ class Settings:
     engine_kinds: dict[str, str] = _knob({}, "kind of single engines, overriding engine_kind: URL = vllm | sglang | openai", "URL=kind")
     engine_control_timeout: float = _knob(30.0, "timeout of one engine pause/resume/version call (a pause in mode wait: dispatch_timeout)", "s")
     abort_grace: float = _knob(1.0, "after an abort call (POST /admin/abort) asked an engine to end a request, time the engine gets to answer it with its partial output before the gateway closes the connection (docs/operations.md)", "s")
+    abort_answer_grace: float = _knob(2.0, "after the engines answered an abort pause with replay \"continue\", time their abort answers (200 with the tokens so far) get to arrive before the gateway closes what is still open, which is then replayed whole (docs/operations.md)", "s")
     max_continuations: int = _knob(8, "times one generation is continued after abort pauses with replay \"continue\" (docs/operations.md); beyond, its caller gets 503 aborted", "continuations")
     max_outstanding: int = _knob(262144, "requests outstanding (queued + running), and unfinished Tinker samples, beyond which new ones get 429; 0 = unlimited; formerly max_queued", "requests")
 

@@ -52,10 +52,6 @@ __all__ = [
 log = logging.getLogger("trioforward.dispatch")
 
 MAX_VERSION_LENGTH = 128
-#: Seconds an abort pause with ``replay="continue"`` waits, once the engines'
-#: pause answered, for the abort answers on their way (their tokens are kept)
-#: before closing what is still open (docs/operations.md).
-ABORT_ANSWER_GRACE = 2.0
 
 
 @dataclass(slots=True)
@@ -182,7 +178,8 @@ class WeightUpdates:
             if how == CONTINUE:
                 # The engine's abort answers are on their way: read them (their
                 # tokens are kept) before closing what it still holds.
-                with trio.move_on_after(ABORT_ANSWER_GRACE):
+                # (``abort_answer_grace``, docs/configuration.md).
+                with trio.move_on_after(self._dispatcher.settings.abort_answer_grace):
                     await _wait_idle(targets)
             for engine in targets:
                 if engine.calls and call_engines:
