@@ -10,34 +10,31 @@ they cannot drift from the code.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import os
 import tomllib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import NoneType, UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
+from trioforward._settings_values import (
+    FIELD_KINDS,
+    RENAMED_KNOBS,
+    TYPE_NAMES,
+    SettingsError,
+    coerce,
+    kind_of,
+    validate,
+)
 from trioforward._state_url import StateURLError, check_state_url, redact_url
-from trioforward._tenant_spec import TenantSpec, TenantSpecError, parse_tenants
+from trioforward._tenant_spec import TenantSpec
 
-__all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES", "RENAMED_KNOBS"]
+__all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES", "RENAMED_KNOBS", "coerce"]
 
 ROUTING_POLICIES = ("least-outstanding", "round-robin", "session", "prefix")
 ENGINE_KINDS = ("auto", "vllm", "sglang", "openai", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "TRIOFORWARD_"
-
-
-class SettingsError(ValueError):
-    """A knob has a bad value. ``.knob`` names it, ``.value`` is what was given."""
-
-    def __init__(self, knob: str, value: object, reason: str) -> None:
-        super().__init__(f"setting {knob!r}: {reason} (got {value!r})")
-        self.knob = knob
-        self.value = value
 
 
 def _knob(default: Any, help: str, unit: str = "", group: str = "dispatch", **kw: Any) -> Any:
@@ -126,7 +123,7 @@ class Settings:
         if isinstance(self.tenants, (dict, str)):  # TOML-shaped rows given directly
             object.__setattr__(self, "tenants", coerce("tenants", self.tenants))
         for f in dataclasses.fields(self):
-            _validate(f.name, getattr(self, f.name))
+            validate(f.name, getattr(self, f.name))
         if self.routing not in ROUTING_POLICIES:
             raise SettingsError("routing", self.routing, f"must be one of {', '.join(ROUTING_POLICIES)}")
         if self.prefix_load_factor < 1:
@@ -226,12 +223,6 @@ class Settings:
         return cls(**values)
 
 
-# Knobs renamed, old name -> new: the old name still works for one release (in
-# Settings.replace/load, open_client, TOML, TRIOFORWARD_* and `serve --old-name`),
-# with a FutureWarning (shown to operators by default, unlike DeprecationWarning).
-RENAMED_KNOBS = {"max_queued": "max_outstanding"}
-
-
 def _current(name: str) -> str:
     """``name``, or its new name if it is a renamed knob (warns)."""
     new = RENAMED_KNOBS.get(name)
@@ -278,39 +269,11 @@ class Knob:
     @property
     def type_name(self) -> str:
         """The type in words, for the docs (``"int"``, ``"list of strings"`` ...)."""
-        return _TYPE_NAMES.get(self.kind, self.kind.__name__)
-
-
-_TYPE_NAMES: dict[type, str] = {tuple: "list of strings", dict: "table name = path", TenantSpec: "tenant table"}
-_KINDS = (bool, int, float, str, tuple, dict)
-
-
-def _kind_of(name: str, hint: Any) -> tuple[type, bool]:
-    """``(kind, optional)`` of a field's annotation: ``int | None`` -> ``(int, True)``,
-    ``tuple[str, ...]`` -> ``(tuple, False)``. Raises ``TypeError`` for any other shape."""
-    optional = False
-    if get_origin(hint) in (Union, UnionType):
-        args = [a for a in get_args(hint) if a is not NoneType]
-        optional = len(args) < len(get_args(hint))
-        if len(args) != 1:
-            raise TypeError(f"setting {name!r}: unsupported annotation {hint!r}")
-        hint = args[0]
-    kind = get_origin(hint) or hint
-    if kind not in _KINDS:
-        raise TypeError(f"setting {name!r}: unsupported annotation {hint!r}")
-    if kind is tuple and get_args(hint) != (str, ...):
-        raise TypeError(f"setting {name!r}: only tuple[str, ...] is supported")
-    if kind is dict and get_args(hint) == (str, TenantSpec):
-        return TenantSpec, optional  # the tenant table: a kind of its own
-    if kind is dict and get_args(hint) != (str, str):
-        raise TypeError(f"setting {name!r}: only dict[str, str] is supported")
-    return kind, optional
+        return TYPE_NAMES.get(self.kind, self.kind.__name__)
 
 
 # Read from the annotations (resolved, not their text) once, at import.
-_FIELD_KINDS: dict[str, tuple[type, bool]] = {
-    name: _kind_of(name, hint) for name, hint in get_type_hints(Settings).items()
-}
+FIELD_KINDS.update({name: kind_of(name, hint) for name, hint in get_type_hints(Settings).items()})
 
 
 def knobs() -> list[Knob]:
@@ -318,91 +281,11 @@ def knobs() -> list[Knob]:
     out = []
     for f in dataclasses.fields(Settings):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
-        kind, optional = _FIELD_KINDS[f.name]
+        kind, optional = FIELD_KINDS[f.name]
         out.append(
             Knob(f.name, default, kind, optional, f.metadata["help"], f.metadata["unit"], f.metadata["group"])
         )
     return out
-
-
-_UNSET_WORDS = ("", "none", "null", "inf", "unlimited")
-
-
-def coerce(name: str, value: Any) -> Any:
-    """Turn a TOML value or an environment/CLI string into the knob's type."""
-    if name not in _FIELD_KINDS:
-        near = difflib.get_close_matches(name, [*_FIELD_KINDS, *RENAMED_KNOBS], n=1)
-        raise SettingsError(name, value, f"unknown setting; did you mean {near[0]!r}?" if near else "unknown setting")
-    kind, optional = _FIELD_KINDS[name]
-    if kind is TenantSpec:
-        try:
-            return parse_tenants(value)
-        except TenantSpecError as exc:
-            raise SettingsError(name, "<not shown: it holds API keys>", str(exc)) from None
-    try:
-        if isinstance(value, str):
-            text = value.strip()
-            if optional and text.lower() in _UNSET_WORDS:
-                return None
-            if kind is tuple:
-                return tuple(p.strip() for p in text.split(",") if p.strip())
-            if kind is dict:
-                pairs = (p.split("=", 1) for p in text.split(",") if p.strip())
-                return {k.strip(): v.strip() for k, v in pairs}
-            if kind is bool:
-                if text.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if text.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError("expected true or false")
-            if kind is int:
-                return int(text)
-            if kind is float:
-                return float(text)
-            return text
-        if kind is tuple and isinstance(value, (list, tuple)):
-            return tuple(value)
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
-    except ValueError as exc:
-        raise SettingsError(name, value, f"cannot read as {_describe(kind, optional)}: {exc}") from None
-
-
-def _describe(kind: type, optional: bool) -> str:
-    return f"{_TYPE_NAMES.get(kind, kind.__name__)}{' or unset' if optional else ''}"
-
-
-def _validate(name: str, value: Any) -> None:
-    kind, optional = _FIELD_KINDS[name]
-    if value is None:
-        if not optional:
-            raise SettingsError(name, value, "must be set")
-        return
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise SettingsError(name, value, "must be true or false")
-    elif kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SettingsError(name, value, "must be an integer")
-        if value < 0:
-            raise SettingsError(name, value, "must be >= 0")
-    elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise SettingsError(name, value, "must be a number")
-        if value < 0:
-            raise SettingsError(name, value, "must be >= 0")
-    elif kind is tuple:
-        if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-            raise SettingsError(name, value, "must be a list of strings")
-    elif kind is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise SettingsError(name, value, "must map names to paths")
-    elif kind is TenantSpec:
-        if not isinstance(value, dict) or not all(isinstance(v, TenantSpec) for v in value.values()):
-            raise SettingsError(name, "<not shown>", "must map tenant names to TenantSpec (or be a [tenants.NAME] table)")
-    elif kind is str and not isinstance(value, str):
-        raise SettingsError(name, value, "must be a string")
 
 
 def _validate_state_url(url: str) -> None:
