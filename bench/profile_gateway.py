@@ -174,7 +174,7 @@ def classify(stack: list[str]) -> tuple[str, str]:
         layer = "dispatch"
     elif "/server/_validate.py" in innermost or "/server/_auth.py" in innermost:
         layer = "validation/JSON"
-    elif any(f"/server/{m}.py" in innermost for m in ("_forward", "_asgi", "_metrics", "_gc")):
+    elif any(f"/server/{m}.py" in innermost for m in ("_forward", "_asgi", "_outcome", "_metrics", "_gc")):
         layer = "forwarder"
     elif "/hypercorn/" in innermost or any(
         m in innermost for m in ("/server/_worker.py", "/server/_tcpserver.py", "/server/_appchannel.py",
