@@ -55,6 +55,8 @@ async def test_sglang_abort_request_by_rid_queued_running_unknown_and_all(fd_bas
             nursery.start_soon(post, http, out, "b", "/generate", gen("b"))
             nursery.start_soon(post, http, out, "batch", "/generate", gen("t", input_ids=[[1, 2], [3, 4]]))
             await until(lambda: engine.stats.running == 3)
+            decoded = engine.stats.tokens_decoded  # a few steps each: "a" has tokens to give back
+            await engine.stats.wait_for(lambda s: s.tokens_decoded >= decoded + 12)
             nursery.start_soon(post, http, out, "q", "/generate", gen("q"))
             await until(lambda: client.statistics().queued == 1)
             sent = engine.stats.by_path["/abort_request"]
@@ -103,6 +105,10 @@ async def test_vllm_abort_requests_by_request_id_header_body_and_answer_name(fd_
             nursery.start_soon(post, http, out, "b", path, {**tok, "request_id": "by-body"})
             nursery.start_soon(post, http, out, "c", path, {**tok, "request_id": "stays"})
             await until(lambda: engine.stats.running == 3)
+            # running counts a generation before its first decode step: wait for
+            # about three steps each, so every aborted answer has tokens to give back
+            decoded = engine.stats.tokens_decoded
+            await engine.stats.wait_for(lambda s: s.tokens_decoded >= decoded + 9)
             bad = await http.post("/inference/v1/abort_requests", json={})
             assert bad.status_code == 400 and bad.json()["error"]["param"] == "request_ids"
             ids = ["by-header", "generate-tokens-by-body", "unknown"]
