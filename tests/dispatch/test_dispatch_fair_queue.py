@@ -218,3 +218,14 @@ def test_fewest_running_first_then_each_keeps_its_freed_slots() -> None:
     order.ended(late)
     assert order.pop()[0][0] == "late"
     assert running == ["flood"] * 8
+
+
+def test_an_idle_tenant_without_credit_is_forgotten() -> None:
+    # Requests built without a tenant each have one of their own: the queue must
+    # not keep a flow per request once they are done.
+    order: FairOrder[Any] = FairOrder(counted=True)
+    for i in range(100):
+        t = Tenant(f"once-{i}")
+        order.started(t)
+        order.ended(t)
+    assert not order._flows

@@ -139,8 +139,13 @@ class FairOrder(Generic[K]):
         """One item of ``tenant`` gave its slot back."""
         flow = self._flows[tenant]
         flow.running -= 1
-        if flow.entry >= 0 and self.counted:
-            self._push_run(flow)
+        if flow.entry >= 0:
+            if self.counted:
+                self._push_run(flow)
+        elif not flow.running and flow.finish <= flow.cls.vtime:
+            # Idle, and its finish tag is no credit: forgotten (a request built
+            # without a tenant has a tenant of its own; they must not pile up).
+            del self._flows[tenant]
 
     def running(self, tenant: Tenant) -> int:
         """``tenant``'s items holding a slot now."""
