@@ -192,3 +192,25 @@ async def test_tokens_decoded_counts_every_sequence_and_cut_work(
         await engine.stats.wait_for(lambda s: s.aborted == 1 and s.running == 0)
         assert engine.stats.tokens_decoded == 5 + 2 * 2
 
+
+
+async def test_vllm_abort_of_a_request_already_answering_leaves_it_whole(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Decoded in full, half its answer written (stall_body): an abort now finds
+    # nothing to end, as vLLM's output for it is already made; the answer goes
+    # out whole (before: it was answered a second time on a finished exchange).
+    async with open_engine(decode_ms_per_token=100) as engine:
+        engine.faults.stall_body = 1
+        engine.faults.stall_seconds = 30.0
+        replies: list[Reply] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(generate, engine, replies)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(5.0)  # 10 tokens of 100 ms: decoded, now in the stall
+            assert engine.stats.faults["stall_body"] == 1
+            aborted = await request(engine, "POST", "/abort_requests", {})
+            assert aborted.json() == {"status": "aborted", "aborted": 0}
+        (reply,) = replies
+        assert reply.status == 200 and reply.json()["choices"][0]["finish_reason"] == "length"
+        assert engine.stats.pause_aborted == 0 and engine.stats.completed == 1

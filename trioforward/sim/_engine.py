@@ -433,6 +433,7 @@ class SimEngine(TimingModel):
                     raise
                 stats.tokens_decoded += sum(len(s.tokens) for s in samples)
                 cache_outputs(self.prefix_cache, gen, samples)
+                run.answering = True  # an abort from here on finds it finished
                 await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
             self.rl.completed(run.version)
         finally:

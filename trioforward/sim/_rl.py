@@ -77,12 +77,15 @@ class Run:
     its decode time when aborted); ``version``: the weight version at its start.
     """
 
-    __slots__ = ("rid", "scope", "aborted", "decoded", "decode_start", "version", "samples")
+    __slots__ = ("rid", "scope", "aborted", "answering", "decoded", "decode_start", "version", "samples")
 
     def __init__(self, rid: str, version: str | None) -> None:
         self.rid = rid
         self.scope = trio.CancelScope()
         self.aborted = False
+        # Decoded in full and being written out (a whole answer): an abort now
+        # does nothing, as on vLLM, whose output for it is already made.
+        self.answering = False
         self.decoded = 0
         self.decode_start: float | None = None
         self.version = version
@@ -163,7 +166,7 @@ class RLControl:
     def abort(self, rids: list[str] | None = None) -> int:
         """End the named generations (all if ``None``) with ``finish_reason: "abort"``."""
         wanted = None if rids is None else set(rids)
-        runs = [r for r in self.runs.values() if wanted is None or r.rid in wanted]
+        runs = [r for r in self.runs.values() if (wanted is None or r.rid in wanted) and not r.answering]
         for run in runs:
             if not run.aborted:
                 run.aborted = True
