@@ -127,3 +127,27 @@ async def test_abort_of_an_openai_route_request_on_sglang_names_its_body_rid(fd_
         assert choice["finish_reason"] == "abort" and len(choice["token_ids"]) < LONG
         assert engine.stats.by_path["/abort_request"] >= 1
         assert engine.stats.aborted == 0  # ended by its abort route, not a closed connection
+
+
+async def test_aborts_at_once_ask_the_engine_its_control_kind_once(fd_baseline: int) -> None:
+    # Eight groups aborted at the same moment (a round's stragglers, one call per
+    # group): the engine's control kind is asked once (GET /is_paused), not by
+    # every call that needed it before the first answer came back.
+    out: list[object] = []
+    async with open_engine(decode_ms_per_token=5) as engine, client_for(
+        engine, abort_grace=30.0
+    ) as client:
+
+        async def one(g: int) -> None:
+            out.append(await client.complete(model="sim-base", prompt=[1, g], max_tokens=LONG, group=f"k{g}"))
+
+        async with trio.open_nursery() as nursery:
+            for g in range(8):
+                nursery.start_soon(one, g)
+            await until(lambda: engine.stats.running == 8)
+            async with trio.open_nursery() as calls:
+                for g in range(8):
+                    calls.start_soon(lambda g=g: client.abort(group=f"k{g}"))
+        assert engine.stats.by_path["/is_paused"] == 1
+        assert engine.stats.by_path["/abort_requests"] == 8
+        assert [c.choices[0].finish_reason for c in out] == ["abort"] * 8  # type: ignore[attr-defined]

@@ -71,17 +71,28 @@ class EngineControl:
         self._timeout = timeout
         self._wait_timeout = math.inf if wait_timeout is None else wait_timeout
         self.kinds: dict[str, str] = {}  # engine URL -> detected control kind
+        self._detecting: dict[str, trio.Event] = {}  # engine URL -> set when its detection ends
 
     async def kind(self, url: str) -> str:
         """The engine's control kind (``vllm``, ``sglang`` or ``none``): from its
         configured or detected kind, asked once when needed (raises
-        :class:`EngineControlError` if the engine cannot be reached)."""
+        :class:`EngineControlError` if the engine cannot be reached). Callers
+        that need it while it is being asked wait for that answer instead of
+        asking too (the first abort of a round calls this once per group and
+        engine at the same moment); if that detection fails, each asks again."""
         configured = self._configured(url)
         if configured is not None:
             return "none" if configured == "openai" else configured
+        while (pending := self._detecting.get(url)) is not None and url not in self.kinds:
+            await pending.wait()
         kind = self.kinds.get(url)
         if kind is None:
-            kind = self.kinds[url] = await self._detect(url)
+            done = self._detecting[url] = trio.Event()
+            try:
+                kind = self.kinds[url] = await self._detect(url)
+            finally:
+                del self._detecting[url]
+                done.set()
             if kind == "none":
                 log.warning(
                     "engine %s serves no weight-update endpoints (neither vLLM dev mode's "
