@@ -330,12 +330,19 @@ def i_choice(doc: dict[str, Any], n: int) -> int:
     return index if isinstance(index, int) else n
 
 
-def derived(req: Request, content: bytes) -> Request:
-    """A fresh request carrying one continuation: ``req``'s route, headers and
-    routing key and tenant with body ``content``, admitted already (it does not
-    count again against ``max_outstanding``, the client's or the tenant's)."""
+def derived(req: Request, content: bytes, path: str | None = None) -> Request:
+    """A fresh request carrying one continuation: ``req``'s route (or ``path``),
+    headers and routing key and tenant with body ``content``, admitted already (it
+    does not count again against ``max_outstanding``, the client's or the tenant's)."""
     sub = Request(
-        req.method, req.url_path, req.headers, content, req.model, req.is_adapter, req.session, tenant=req.tenant
+        req.method,
+        path or req.url_path,
+        req.headers,
+        content,
+        req.model,
+        req.is_adapter,
+        req.session,
+        tenant=req.tenant,
     )
     sub.on_dispatch = req.on_dispatch
     sub.admitted = True  # the same request: admitted once, under req's admission

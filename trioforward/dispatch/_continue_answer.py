@@ -95,9 +95,11 @@ async def continue_choice(
     gen: Generation,
     budget: int,
     failure: list[Reply],
+    path: str | None = None,
 ) -> None:
-    """Send ``gen`` again (``body``: the caller's request) until it ends other than
-    by an abort pause; a non-2xx answer other than a length refusal goes to
+    """Send ``gen`` again (``body``: the caller's request, ``/v1/completions``
+    fields) until it ends other than by an abort pause, to ``path`` (default the
+    request's); a non-2xx answer other than a length refusal goes to
     ``failure``. Raises :class:`DispatchAborted` past ``max_continuations``."""
     limit = dispatcher.settings.max_continuations
     counts = dispatcher.continued
@@ -115,7 +117,7 @@ async def continue_choice(
             )
         gen.continuations += 1
         counts.continuations += 1
-        sub = derived(req, continuation_body(body, gen, left))
+        sub = derived(req, continuation_body(body, gen, left), path)
         try:
             if req.trace is None:
                 answer = await dispatcher.request(sub)

@@ -22,6 +22,7 @@ from trioforward import Settings
 from trioforward.dispatch._abort import Aborts, aborted_response
 from trioforward.dispatch._adapters import AdapterRegistry
 from trioforward.dispatch._continue import CONTINUABLE_PATH, ask_token_ids
+from trioforward.dispatch._continue_chat import CHAT_PATH
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._forward_stream import ForwardStream
@@ -112,8 +113,10 @@ class Forwarding:
             method, path, pairs, content, model, is_adapter, session_hash, request_id or "", group,
             tenant=who,
         )
-        if path == CONTINUABLE_PATH and method == "POST" and self._ids_understood():
-            # Token ids make an aborted completion continuable (docs/operations.md).
+        # Chat: a whole answer only (a chat stream is not continued); the body read.
+        chat = path == CHAT_PATH and isinstance(json, dict) and not json.get("stream")
+        if (path == CONTINUABLE_PATH or chat) and method == "POST" and self._ids_understood():
+            # Token ids make an aborted completion or chat continuable (docs/operations.md).
             asked = ask_token_ids(content)
             if asked is not None:
                 req.content, req.asked_ids = asked, True

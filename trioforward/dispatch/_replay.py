@@ -19,6 +19,7 @@ from trioforward.dispatch._continue import (
     with_span,
 )
 from trioforward.dispatch._continue_answer import continued_answer
+from trioforward.dispatch._continue_chat import CHAT_PATH, continued_chat
 from trioforward.dispatch._continue_native import NATIVE_PATHS, continued_native
 from trioforward.dispatch._continue_tokens import aborted_tokens, continued_tokens
 from trioforward.dispatch._dispatch import Dispatcher
@@ -78,6 +79,8 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
                     joined = await continued_tokens(dispatcher, req, reply, tokens)
                 elif req.url_path in NATIVE_PATHS:  # the engines' own token routes
                     joined = await continued_native(dispatcher, req, reply)
+                elif req.url_path == CHAT_PATH:  # through the token form
+                    joined = await continued_chat(dispatcher, req, reply)
                 else:
                     joined = await continued_answer(dispatcher, req, reply)
                 if joined is not None:
@@ -94,7 +97,10 @@ def _shown(req: Request, reply: Reply, crossed: bool, current: str | None) -> Re
     with the token ids the caller asked for, made under one recorded version
     (``current`` still the one it was dispatched under; an answer a keep pause
     spanned names both in ``X-Weight-Version`` only: where the update fell is not known)."""
-    if 200 <= reply.status < 300 and req.url_path == CONTINUABLE_PATH:
+    if 200 <= reply.status < 300 and req.url_path == CHAT_PATH:
+        if req.asked_ids:
+            reply.content = hide_token_ids(reply.content)
+    elif 200 <= reply.status < 300 and req.url_path == CONTINUABLE_PATH:
         if crossed and req.render is None:
             reply.content = spanned(reply.content, req.weight_version, not req.asked_ids)
         elif req.asked_ids:
