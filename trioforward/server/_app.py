@@ -10,7 +10,7 @@ client. Both are therefore ``async with`` blocks, never closed by hand.
 The app is the Quart app wrapped once, by the ASGI front (``_asgi.py``), which
 answers the hot routes — OpenAI's (``_forward.py``) and Tinker's ``asample`` and
 ``retrieve_future`` (``tinker/_fastpath.py``) — before Quart sees them. The other
-routes are Quart views: ``_routes.py`` and the Tinker blueprint
+routes are Quart views: ``_routes.py`` (with ``_admin_routes.py``) and the Tinker blueprint
 (``trioforward.server.tinker.install(app)``). :func:`create_app` is the one
 place the wrapping is done.
 """

@@ -1,0 +1,371 @@
+"""Quart views: the admin API (installed by ``_routes.install_routes``).
+
+The API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
+
+- ``GET /admin/engines`` -> ``{"engines": [{"url", "healthy", "paused", "in_flight",
+  "queued", "capacity", "consecutive_failures", "kind", "token_route"}]}`` (``kind``:
+  vllm | sglang | openai | null while not known; ``token_route``: whether it serves its
+  kind's token route, docs/operations.md, "Engine kinds")
+- ``POST /admin/engines {"url", "kind"?}`` adds an engine; ``DELETE /admin/engines {"url"}``
+  (or ``?url=``) removes it (its in-flight requests are aborted by the dispatch core).
+- ``POST /admin/pause {"engines": [url, ...] | null, "mode": "wait" | "abort",
+  "engine_mode": "keep" | "retract" | "wait" | "abort" | null, "replay": bool | "whole" | "continue"}``:
+  stops new dispatch (requests wait in QUEUED, no budget charged) and, with
+  ``engine_mode``, pauses the engines themselves (all or nothing: 502
+  ``engine_control_failed`` naming the engine that failed); answers once the
+  mode's promise holds — so a trainer may update weights as soon as it returns.
+  ``POST /admin/resume {"engines": [...] | null, "weight_version": str | null}``
+  resumes the engines, records the version, then releases the queue in FIFO
+  order. Both answer the engine list plus ``weight_version`` and
+  ``engine_pauses`` (docs/operations.md).
+- ``POST /admin/abort {"group" | "request_ids" | "all"}`` aborts requests
+  (``server/_abort.py``); answers ``{"queued", "on_engine", "finished"}``.
+- ``GET/POST/DELETE /admin/adapters``: ``{"name", "path", "parent"?}`` registers a
+  LoRA adapter the gateway loads on demand.
+
+A body field a call does not take is a 400 naming it (the call does nothing).
+Engine URLs come only from here and from the configuration, never from a
+client request. In fleet mode (docs/fleet.md, "Control plane") every change is
+made fleet-wide and answers once all live members applied it (503
+``fleet_lagging`` naming the laggards otherwise); ``GET /admin/engines`` adds a
+``"fleet"`` object with totals and each member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import orjson
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from trioforward._engine_url import EngineURLError, engine_url
+from trioforward.dispatch import ENGINE_KINDS, ENGINE_MODES, fleet_pause_value, pause_conflict
+from trioforward.errors import EngineControlError
+from trioforward.server._abort import abort_args, abort_here
+from trioforward.server._errors import RequestError, bad_request
+from trioforward.server._state import GatewayState, get_state
+from trioforward.server._validate import parse_body
+
+__all__ = ["install_admin_routes", "json_response", "sampling_sessions"]
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    """``data`` as a JSON answer (``application/json``)."""
+    return Response(orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def _body(*fields: str) -> dict[str, Any]:
+    """The JSON object body (empty = ``{}``) holding only ``fields``: a misspelt
+    field is a 400 naming it, not a call that silently did the default (a pause
+    with ``"engine-mode"`` would not pause the engines)."""
+    data = parse_body(await request.get_data(as_text=False), allow_empty=True)
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        known = ", ".join(repr(f) for f in fields)
+        raise bad_request(f"unknown field {unknown[0]!r} (this call takes {known})", unknown[0])
+    return data
+
+
+def _engine_list(data: dict[str, Any]) -> list[str] | None:
+    engines = data.get("engines")
+    if engines is None:
+        return None
+    if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
+        raise bad_request("'engines' must be a list of engine URLs", "engines")
+    return [e.rstrip("/") for e in engines]
+
+
+def _known_engines(state: GatewayState, data: dict[str, Any]) -> list[str] | None:
+    """``data["engines"]``, each one registered (404 ``engine_not_found`` otherwise)."""
+    engines = _engine_list(data)
+    if engines is not None:
+        known = {e.url for e in state.client.engines.list()}
+        for url in engines:
+            if url not in known:
+                raise RequestError(404, f"no engine {url}", code="engine_not_found", param="engines")
+    return engines
+
+
+def _url(value: object) -> str:
+    """``value`` as an engine URL (the one rule: docs/server.md, "Engine URLs");
+    400 ``invalid_engine_url`` saying what is wrong with it (or that it is
+    missing) otherwise."""
+    if value is None:
+        raise RequestError(
+            400,
+            "missing 'url' (the engine's root, e.g. http://127.0.0.1:8001)",
+            code="invalid_engine_url",
+            param="url",
+        )
+    try:
+        return engine_url(value)
+    except EngineURLError as exc:
+        raise RequestError(400, str(exc), code="invalid_engine_url", param="url") from None
+
+
+_T = TypeVar("_T")
+
+
+async def _fleet_wide(change: Awaitable[_T]) -> _T:
+    """Run a fleet-wide control change or read (docs/fleet.md, "Control plane");
+    503 naming the members that did not apply it in time, or when Redis does not
+    answer."""
+    from trioforward.fleet import FleetLagging, StateUnavailable
+
+    try:
+        return await change
+    except FleetLagging as err:
+        raise RequestError(503, str(err), type="server_error", code="fleet_lagging") from None
+    except StateUnavailable as err:
+        raise RequestError(503, str(err), type="server_error", code="state_unavailable") from None
+
+
+def _engines_json(state: GatewayState) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "engines": [
+            {
+                "url": e.url,
+                "healthy": e.healthy,
+                "paused": e.paused,
+                "in_flight": e.in_flight,
+                "queued": e.queued,
+                "capacity": e.capacity,
+                "share": e.share,
+                "consecutive_failures": e.consecutive_failures,
+                "kind": e.kind,
+                "token_route": e.token_route,
+                "weight_version": e.weight_version,  # the version it reported
+                "held_out": e.held_out,  # why it takes no work (docs/operations.md)
+            }
+            for e in state.client.engines.list()
+        ]
+    }
+    if state.fleet is not None:  # fleet mode: totals over every member, and each member
+        body["fleet"] = state.fleet.summary()
+    return body
+
+
+def _weights_json(state: GatewayState) -> dict[str, Any]:
+    weights = state.client.weights
+    pauses = {
+        url: {"kind": p.kind, "engine_mode": p.mode} for url, p in weights.engine_pauses.items()
+    }
+    return {**_engines_json(state), "weight_version": weights.version, "engine_pauses": pauses}
+
+
+async def _fleet_pause(
+    state: GatewayState,
+    engines: list[str] | None,
+    mode: str,
+    engine_mode: str | None,
+    replay: bool | str,
+) -> None:
+    """A fleet-wide pause (docs/operations.md, "Fleet mode"): every member gates and
+    does its own part through the control plane, then this member pauses the
+    engines once; if that fails, the fleet is resumed and the error raised."""
+    assert state.fleet is not None
+    control = state.fleet.control
+    await _fleet_wide(control.pause(engines, fleet_pause_value(mode, engine_mode, replay)))
+    if engine_mode is None:
+        return
+    try:
+        weights = state.client.weights
+        await weights.pause_engines(weights.targets(engines), engine_mode)
+    except EngineControlError:
+        await _fleet_wide(control.resume(engines))
+        raise
+
+
+def _good_version(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 128 and value.isascii() and value.isprintable()
+
+
+def sampling_sessions(state: GatewayState) -> int:
+    """Tinker sampling sessions kept (0 before the first Tinker call)."""
+    tinker = state.extras.get("tinker")
+    return int(getattr(tinker, "sampling_sessions", 0))
+
+
+def _max_sampling_sessions() -> int:
+    from trioforward.server.tinker._state import MAX_SAMPLING_SESSIONS
+
+    return MAX_SAMPLING_SESSIONS
+
+
+def install_admin_routes(app: QuartTrio) -> None:
+    """Registers the admin views on ``app``."""
+
+    @app.get("/admin/engines")
+    async def list_engines() -> Response:
+        return json_response(_engines_json(get_state()))
+
+    @app.post("/admin/engines")
+    async def add_engine() -> Response:
+        state = get_state()
+        data = await _body("url", "kind", "weight_version")
+        url = _url(data.get("url"))
+        kind = data.get("kind")
+        confirmed = data.get("weight_version")
+        if confirmed is not None and not _good_version(confirmed):
+            raise bad_request(
+                "'weight_version' must be printable ASCII of 1..128 characters", "weight_version"
+            )
+        if kind is not None and kind not in ENGINE_KINDS:
+            raise bad_request(f"'kind' must be null or one of {', '.join(ENGINE_KINDS)}", "kind")
+        if kind is not None and state.fleet is not None:
+            raise bad_request("in fleet mode an engine's kind is set with engine_kinds", "kind")
+        # Idempotent, as PUT would be: re-adding a registered engine is 200 with
+        # the list unchanged; 201 only when this call created the record.
+        known = url in {e.url for e in state.client.engines.list()}
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.add_engine(url))
+        else:
+            state.client.engines.add(url, kind)
+        if confirmed is not None:
+            # The operator's word that it runs this version (an engine that cannot
+            # report one): docs/operations.md, "One weight version across the engines";
+            # in fleet mode every member takes it (the version is fleet-wide).
+            current = state.client.weights.version
+            if confirmed != current:
+                raise RequestError(
+                    409,
+                    f"weight_version {confirmed!r} is not the current one ({current!r})",
+                    code="weight_version_mismatch",
+                    param="weight_version",
+                )
+            if state.fleet is not None:
+                await _fleet_wide(state.fleet.control.confirm_version(url, confirmed))
+            else:
+                state.client.versions.confirm(state.client.engines.get(url), confirmed)
+        return json_response(_engines_json(state), 200 if known else 201)
+
+    @app.delete("/admin/engines")
+    async def remove_engine() -> Response:
+        state = get_state()
+        url = _url(request.args.get("url") or (await _body("url")).get("url"))
+        if url not in {e.url for e in state.client.engines.list()}:
+            raise RequestError(404, f"no engine {url}", code="engine_not_found", param="url")
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.remove_engine(url))
+        else:
+            state.client.engines.remove(url)
+        return json_response(_engines_json(state))
+
+    @app.post("/admin/pause")
+    async def pause() -> Response:
+        state = get_state()
+        data = await _body("engines", "mode", "engine_mode", "replay")
+        mode = data.get("mode", "wait")
+        if mode not in ("wait", "abort"):
+            raise bad_request('\'mode\' must be "wait" or "abort"', "mode")
+        engine_mode = data.get("engine_mode")
+        if engine_mode is not None and engine_mode not in ENGINE_MODES:
+            modes = ", ".join(f'"{m}"' for m in ENGINE_MODES)
+            raise bad_request(f"'engine_mode' must be null or one of {modes}", "engine_mode")
+        replay = data.get("replay", False)
+        if replay not in (True, False, "whole", "continue") or isinstance(replay, int) and not isinstance(replay, bool):
+            raise bad_request('\'replay\' must be true, false, "whole" or "continue"', "replay")
+        conflict = pause_conflict(mode, engine_mode, replay)
+        if conflict is not None:
+            raise bad_request(*conflict)
+        engines = _known_engines(state, data)
+        try:
+            if state.fleet is None:
+                await state.client.pause(engines, mode, engine_mode=engine_mode, replay=replay)
+            else:
+                await _fleet_pause(state, engines, mode, engine_mode, replay)
+        except EngineControlError as err:
+            return json_response(err.to_json(), err.status)
+        return json_response(_weights_json(state))
+
+    @app.post("/admin/abort")
+    async def abort() -> Response:
+        # docs/operations.md, "Over-sampling: cancelling a round's stragglers".
+        state = get_state()
+        ids, group, every = abort_args(await _body("group", "request_ids", "all"))
+        if state.fleet is None:
+            return json_response(await abort_here(state, ids, group, every))
+        return json_response(await _fleet_wide(state.fleet.control.abort(ids, group, every)))
+
+    @app.post("/admin/resume")
+    async def resume() -> Response:
+        state = get_state()
+        data = await _body("engines", "weight_version")
+        version = data.get("weight_version")
+        if version is not None and not isinstance(version, str):
+            raise bad_request("'weight_version' must be a string or null", "weight_version")
+        if version is not None and not _good_version(version):
+            raise bad_request(
+                "'weight_version' must be printable ASCII of 1..128 characters",
+                "weight_version",
+            )
+        engines = _known_engines(state, data)
+        try:
+            if state.fleet is None:
+                await state.client.resume(engines, weight_version=version)
+            else:
+                # The engines the fleet paused at the engine level once (whoever
+                # paused them; a gate-only pause never calls an engine), then
+                # every member's gate.
+                weights = state.client.weights
+                engine_level = await _fleet_wide(state.fleet.control.paused_at_engine_level(engines))
+                await weights.resume_engines(weights.targets(engine_level), version)
+                await _fleet_wide(state.fleet.control.resume(engines, weight_version=version))
+        except EngineControlError as err:
+            return json_response(err.to_json(), err.status)
+        return json_response(_weights_json(state))
+
+    @app.get("/admin/adapters")
+    async def list_adapters() -> Response:
+        state = get_state()
+        registry = state.client.adapters
+        adapters = registry.list()
+        settings = state.settings
+        return json_response(
+            {
+                "adapters": [
+                    {"name": n, "path": p, "parent": registry.parent(n)} for n, p in adapters.items()
+                ],
+                # The bounds (docs/server.md, "Admin API"): what each engine holds,
+                # and how many adapters and Tinker sampling sessions are kept.
+                "loaded": state.client.statistics().adapters_loaded,
+                "max_loaded_adapters": settings.max_loaded_adapters,
+                "max_registered_adapters": settings.max_registered_adapters,
+                "sampling_sessions": sampling_sessions(state),
+                "max_sampling_sessions": _max_sampling_sessions(),
+            }
+        )
+
+    @app.post("/admin/adapters")
+    async def register_adapter() -> Response:
+        state = get_state()
+        data = await _body("name", "path", "parent")
+        name, path, parent = data.get("name"), data.get("path"), data.get("parent")
+        if not isinstance(name, str) or not name:
+            raise bad_request("'name' must be a non-empty string", "name")
+        if not isinstance(path, str) or not path:
+            raise bad_request("'path' must be a non-empty string", "path")
+        if parent is not None and not isinstance(parent, str):
+            raise bad_request("'parent' must be a string", "parent")
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.register_adapter(name, path, parent))
+        else:
+            # Re-registering replaces the record: a parent not given is cleared.
+            state.client.adapters.register(name, path, parent)
+        return json_response({"name": name, "path": path, "parent": parent}, 201)
+
+    @app.delete("/admin/adapters")
+    async def unregister_adapter() -> Response:
+        state = get_state()
+        name = request.args.get("name") or (await _body("name")).get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request("'name' must be a non-empty string", "name")
+        if name not in state.client.adapters.list():
+            raise RequestError(404, f"no adapter {name!r}", code="adapter_not_found", param="name")
+        if state.fleet is not None:
+            await _fleet_wide(state.fleet.control.unregister_adapter(name))
+        else:
+            state.client.adapters.unregister(name)
+        return json_response({"name": name, "deleted": True})
