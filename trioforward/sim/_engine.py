@@ -1,6 +1,8 @@
 """The simulated engine: listener, routes and the capacity queue (docs/sim.md, "Engine model").
 
-The timing model's sleeps (prefill, decode, stalls) are in ``_timing.py``.
+The timing model's sleeps (prefill, decode, stalls) are in ``_timing.py``; the
+OpenAI generation routes, which run through the capacity queue, in
+``_completions.py``.
 
 Timing model (vLLM's scheduler, simplified): ``capacity`` requests run at once
 (``max_num_seqs``; a FIFO ``trio.CapacityLimiter``), the rest wait in the
@@ -27,7 +29,6 @@ import logging
 import math
 import socket
 import time
-import uuid
 from collections.abc import Collection, Mapping
 
 import orjson
@@ -37,20 +38,13 @@ from trioforward._h11 import h11
 from trioforward._listener import BurstListener
 from trioforward.sim import _sglang_lora
 from trioforward.sim._adapters import NOT_FOUND_DETAIL, Adapters
-from trioforward.sim._api import ApiError, Generation, complete_body, parse_generation
+from trioforward.sim._completions import OpenAIGeneration, request_id_of
 from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
 from trioforward.sim._http import Exchange, reset_stream, serve_connection
-from trioforward.sim._prefix_cache import (
-    DEFAULT_BLOCK_SIZE,
-    PrefixCache,
-    cache_outputs,
-    prefill_tokens,
-)
-from trioforward.sim._rl import RLControl, Run, answer_aborted, decoded_estimate
+from trioforward.sim._prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
+from trioforward.sim._rl import RLControl
 from trioforward.sim._sglang_info import INFO_PATHS, serve_info
 from trioforward.sim._stats import EngineStats
-from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
-from trioforward.sim._timing import TimingModel
 from trioforward.sim._token_routes import (
     CONTROL_PATHS,
     disabled_paths,
@@ -64,11 +58,10 @@ __all__ = ["SimEngine"]
 log = logging.getLogger("trioforward.sim")
 
 _JSON = b"application/json"
-_SSE = STREAM_CONTENT_TYPE
 _VLLM_VERSION = b'{"version":"0.32.0"}'  # GET /version of the vLLM release modelled
 
 
-class SimEngine(TimingModel):
+class SimEngine(OpenAIGeneration):
     """One simulated vLLM engine. Create it with :func:`trioforward.sim.open_engine`.
 
     Attributes: ``url`` (``"http://HOST:PORT"``), ``host``, ``port``, ``stats``
@@ -266,7 +259,7 @@ class SimEngine(TimingModel):
             if method != b"POST":
                 return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')
             return await self._generation(
-                ex, path == "/v1/chat/completions", body, _request_id(request)
+                ex, path == "/v1/chat/completions", body, request_id_of(request)
             )
         if self.kind == "sglang":
             if path in INFO_PATHS and method == b"GET":
@@ -334,124 +327,3 @@ class SimEngine(TimingModel):
                 )
                 return await ex.respond(400, _JSON, msg)
         await ex.respond(200, _JSON, orjson.dumps(self.faults.snapshot()))
-
-    async def _generation(
-        self, ex: Exchange, chat: bool, body: bytes, request_id: str | None
-    ) -> None:
-        stats = self.stats
-        try:
-            gen = parse_generation(chat, body, self.adapters.base[0], self.max_model_len)
-        except ApiError as exc:
-            return await ex.respond(exc.status, _JSON, exc.body())
-        stats.by_model[gen.model] += 1
-        if gen.seed is not None:
-            stats.by_seed[gen.seed] += 1
-        if not self.adapters.serves(gen.model) and not self.adapters.resolve_now(gen.model):
-            return await ex.respond(*self.adapters.unknown(gen.model, self._nursery.start_soon))
-        # vLLM takes X-Request-Id as its request id ("cmpl-<id>", "chatcmpl-<id>"),
-        # and its abort route names a completion prompt "<id>-<index>" (one prompt
-        # here: "-0"; vllm/entrypoints/openai/completion/serving.py). SGLang's
-        # OpenAI routes take the body's "rid" instead, no header, as the answer's id
-        # and the id /abort_request names (else a uuid hex; openai/serving_base.py).
-        if self.kind == "sglang":
-            request_id = _body_rid(body)
-        if request_id is not None:
-            stats.request_ids.append(request_id)
-            stats.changed()
-        if self.kind == "sglang":
-            rid = run_id = request_id if request_id is not None else uuid.uuid4().hex
-        else:
-            base = request_id if request_id is not None else f"{self.port}-{next(self._ids)}"
-            rid = f"{'chatcmpl' if chat else 'cmpl'}-{base}"
-            run_id = rid if chat else f"{rid}-0"
-        created = int(time.time())
-        if self.instant:
-            stats.running += 1
-            if stats.running > stats.peak_running:
-                stats.peak_running = stats.running
-            try:
-                prefill_tokens(self.prefix_cache, self.stats, gen)
-                samples = gen.samples()
-                stats.tokens_decoded += sum(len(s.tokens) for s in samples)
-                cache_outputs(self.prefix_cache, gen, samples)
-            finally:
-                stats.running -= 1
-            if gen.stream:
-                await ex.start_stream(200, _SSE)
-                await ex.end_stream(b"".join(stream_steps(gen, samples, rid, created)))
-            else:
-                await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
-            self.rl.completed(self.rl.weight_version)
-        else:
-            await self.rl.generation(
-                run_id,
-                lambda run: self._timed_generation(ex, gen, rid, created, run),
-                lambda run: answer_aborted(ex, gen, rid, created, run, self.decode_ms_per_token),
-            )
-
-    async def _timed_generation(
-        self, ex: Exchange, gen: Generation, rid: str, created: int, run: Run
-    ) -> None:
-        stats = self.stats
-        try:
-            self._limiter.acquire_nowait()
-        except trio.WouldBlock:
-            stats.queued += 1
-            stats.peak_queued = max(stats.peak_queued, stats.queued)
-            stats.changed()
-            try:
-                await self._limiter.acquire()
-            finally:
-                stats.queued -= 1
-                stats.changed()
-        try:
-            stats.running += 1
-            stats.peak_running = max(stats.peak_running, stats.running)
-            stats.changed()
-            samples = run.samples = gen.samples()
-            await self._prefill(gen)
-            run.decode_start = trio.current_time()
-            if gen.stream:
-                await ex.start_stream(200, _SSE)
-                steps = list(stream_steps(gen, samples, rid, created))
-                for i, step in enumerate(steps):
-                    await self._decode(1)
-                    run.decoded += 1
-                    stats.tokens_decoded += sum(1 for s in samples if len(s.tokens) > i)
-                    if i < len(steps) - 1:
-                        await ex.send_chunk(step)
-                cache_outputs(self.prefix_cache, gen, samples)
-                await ex.end_stream(steps[-1])
-            else:
-                try:
-                    await self._decode(max((len(s.tokens) for s in samples), default=0))
-                except BaseException:
-                    # Aborted or hung up mid-decode: count what the decode time made.
-                    run.decoded = decoded_estimate(run, self.decode_ms_per_token, samples)
-                    run.decode_start = None
-                    stats.tokens_decoded += sum(min(run.decoded, len(s.tokens)) for s in samples)
-                    raise
-                stats.tokens_decoded += sum(len(s.tokens) for s in samples)
-                cache_outputs(self.prefix_cache, gen, samples)
-                run.answering = True  # an abort from here on finds it finished
-                await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
-            self.rl.completed(run.version)
-        finally:
-            stats.running -= 1
-            stats.changed()
-            self._limiter.release()
-
-
-def _body_rid(body: bytes) -> str | None:
-    """An SGLang OpenAI-route body's ``"rid"`` (a string), or ``None``."""
-    rid = orjson.loads(body).get("rid")
-    return rid if isinstance(rid, str) and rid else None
-
-
-def _request_id(request: h11.Request) -> str | None:
-    """The request's ``X-Request-Id`` header (the last one), or ``None``."""
-    found = None
-    for name, value in request.headers:
-        if name == b"x-request-id":
-            found = value.decode("latin-1")
-    return found
