@@ -114,12 +114,12 @@ class Rendering:
     def __init__(self, request: TokenRequest, completions: bytes | None = None) -> None:
         self.request = request
         self.completions = completions
-        self.dialect: Dialect = _dialect_completions  # type: ignore[assignment]
+        self.dialect: Dialect = _dialect_completions
         self.engine_id: str | None = None
 
     def __call__(self, engine: Engine, engine_id: str) -> tuple[str, bytes]:
         dialect = self.dialect = dialect_for(engine)
-        if dialect is _dialect_completions and self.completions is not None:  # type: ignore[comparison-overlap]
+        if dialect is _dialect_completions and self.completions is not None:
             return _dialect_completions.PATH, self.completions
         self.engine_id = engine_id
         return dialect.render(self.request, engine_id)

@@ -88,7 +88,7 @@ def dialect_for(engine: Engine) -> Dialect:
     from trioforward.dispatch import _dialect_completions, _dialect_sglang, _dialect_vllm_tokens
 
     if engine.kind == "sglang":
-        return _dialect_sglang  # type: ignore[return-value]
+        return _dialect_sglang
     if engine.kind == "vllm" and engine.token_route:
-        return _dialect_vllm_tokens  # type: ignore[return-value]
-    return _dialect_completions  # type: ignore[return-value]
+        return _dialect_vllm_tokens
+    return _dialect_completions

@@ -76,7 +76,8 @@ def _choice(
 ) -> tuple[Choice, dict[str, Any]]:
     if not isinstance(item, dict) or not isinstance(item.get("output_ids"), list):
         raise CodecError("a /generate answer has no 'output_ids' list")
-    meta = item.get("meta_info") if isinstance(item.get("meta_info"), dict) else {}
+    meta_info = item.get("meta_info")
+    meta: dict[str, Any] = meta_info if isinstance(meta_info, dict) else {}
     reason = meta.get("finish_reason")
     kind = reason.get("type") if isinstance(reason, dict) else None
     ids = item["output_ids"]

@@ -79,7 +79,7 @@ def parse(content: bytes, request: TokenRequest, weight_version: str | None = No
         raise CodecError(f"generate body is not JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
         raise CodecError("generate body has no 'choices' list")
-    choices = []
+    choices: list[Choice] = []
     for raw in doc["choices"]:
         ids = raw.get("token_ids") if isinstance(raw, dict) else None
         if not isinstance(ids, list):

@@ -94,7 +94,7 @@ def _start(call: Call) -> Awaitable[None]:
     }
     sent: list[str] = []  # each attempt's engine-side id
     batch = kind == "sglang" and isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], list)
-    count = len(prompt) if batch and isinstance(caller, list) else 0
+    count = len(prompt) if batch and isinstance(prompt, list) and isinstance(caller, list) else 0
 
     def render(engine: Any, engine_id: str) -> tuple[str, bytes]:
         sent.append(engine_id)

@@ -117,7 +117,8 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
         prompts = ids if batch else [ids]
     else:
         batch = isinstance(text, list)
-        prompts = [tokenize(t) for t in (text if batch else [text])]
+        texts: list[Any] = text if isinstance(text, list) else [text]
+        prompts = [tokenize(t) for t in texts]
     for p in prompts:
         if not isinstance(p, list) or not all(type(t) is int for t in p):
             return _contract("invalid type: expected a sequence of integers for input_ids")

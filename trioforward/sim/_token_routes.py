@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from trioforward.sim import _sglang_generate, _vllm_tokens
@@ -54,7 +55,7 @@ def token_paths(kind: str, scale_out: bool) -> frozenset[str]:
 
 
 async def serve_token_route(
-    engine: SimEngine, ex: Exchange, method: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    engine: SimEngine, ex: Exchange, method: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes
 ) -> None:
     path = ex.path
     if path in CONTROL_PATHS:
@@ -66,4 +67,4 @@ async def serve_token_route(
     if method not in (b"POST", b"PUT") or (method == b"PUT" and path == _vllm_tokens.PATH):
         return await ex.respond(405, _JSON, b'{"detail":"Method Not Allowed"}')
     route = _sglang_generate if path == _sglang_generate.PATH else _vllm_tokens
-    await serve_native(engine, ex, route, body, dict(headers))  # type: ignore[arg-type]
+    await serve_native(engine, ex, route, body, dict(headers))

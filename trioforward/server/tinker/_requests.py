@@ -272,7 +272,7 @@ def parse_sample(request: dict[str, Any], sampling_session: SamplingSession) -> 
         if last_n is not None and not 1 <= last_n < max(len(tokens), 2):
             raise BadRequest("prompt_logprobs_last_n must be between 1 and len(prompt) - 1")
     session = f"{sampling_session.sampler_id}:{request.get('seq_id')}"
-    tokens = TokenRequest(
+    token_request = TokenRequest(
         model=body["model"],
         prompt=tokens,
         max_tokens=body.get("max_tokens", 16),
@@ -286,7 +286,7 @@ def parse_sample(request: dict[str, Any], sampling_session: SamplingSession) -> 
         ignore_eos=bool(body.get("ignore_eos")),
         prompt_logprobs=bool(body.get("prompt_logprobs")),
     )
-    return SampleJob(sampling_session.model, orjson.dumps(body), session, num_samples, last_n, tokens=tokens)
+    return SampleJob(sampling_session.model, orjson.dumps(body), session, num_samples, last_n, tokens=token_request)
 
 
 def identify(job: SampleJob, future_id: str, call: Call) -> None:
