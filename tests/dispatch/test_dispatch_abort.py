@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 from dispatch_testing import body, client_for, completions
 
 from trioforward.sim import open_engine
@@ -11,10 +12,10 @@ from trioforward.sim import open_engine
 LONG = 4000
 
 
-async def until(predicate: object) -> None:
+async def running(engine: object, count: int) -> None:
+    """Wait until the engine runs ``count`` requests (its counters' own waiter)."""
     with trio.fail_after(60):
-        while not predicate():  # type: ignore[operator]
-            await trio.sleep(0.01)
+        await engine.stats.wait_for(lambda s: s.running == count)  # type: ignore[attr-defined]
 
 
 async def test_complete_in_a_group_is_aborted_with_its_tokens_and_queued_ones_never_dispatched(
@@ -33,9 +34,11 @@ async def test_complete_in_a_group_is_aborted_with_its_tokens_and_queued_ones_ne
         async with trio.open_nursery() as nursery:
             for key in ("run-0", "run-1"):
                 nursery.start_soon(one, key)
-            await until(lambda: engine.stats.running == 2)
+            await running(engine, 2)
             nursery.start_soon(one, "wait-0")
-            await until(lambda: client.statistics().queued == 1)
+            # No I/O before QUEUED: once every task is blocked, it waits for capacity.
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.statistics().queued == 1
             counts = await client.abort(group="g")
         assert (counts.queued, counts.on_engine, counts.finished) == (1, 2, 0)
         for key in ("run-0", "run-1"):
@@ -56,7 +59,7 @@ async def test_an_aborted_request_is_not_replayed_by_a_weight_update(fd_baseline
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one)
-            await until(lambda: engine.stats.running == 1)
+            await running(engine, 1)
             await client.abort(group="g")
         (response,) = out
         assert response.status == 200 and b'"finish_reason":"abort"' in response.content  # type: ignore[attr-defined]
@@ -93,7 +96,7 @@ async def test_abort_on_sglang_names_the_rid_of_its_native_route(fd_baseline: in
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one)
-            await until(lambda: engine.stats.running == 1)
+            await running(engine, 1)
             counts = await client.abort(group="s")
         assert counts.on_engine == 1
         (completion,) = results
@@ -118,7 +121,7 @@ async def test_abort_of_an_openai_route_request_on_sglang_names_its_body_rid(fd_
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one)
-            await until(lambda: engine.stats.running == 1)
+            await running(engine, 1)
             counts = await client.abort(group="v")
         assert counts.on_engine == 1
         (response,) = out

@@ -89,7 +89,7 @@ async def test_a_paused_sglang_engine_is_probed_on_ready_and_never_ejected(
         await engine.stop_listening()  # an unpaused engine that fails: ejected as any
         with trio.fail_after(10):
             while client.engines.list()[0].healthy:
-                await trio.sleep(0.02)
+                await client._registry.wait_changed()  # an ejection ends its eligibility
 
 
 async def test_adapters_load_on_sglang_routes_without_v1(fd_baseline: int) -> None:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import httpx
 import trio
+import trio.testing
 from dispatch_testing import body, client_for, completions
 
 from trioforward.sim import open_engine
 
 
-async def until(predicate: object) -> None:
+async def until_released(client: Any, predicate: Callable[[], bool]) -> None:
+    """Wait for ``predicate()``, re-checked at each change of an engine's eligibility
+    (a release from the version hold makes a healthy, unpaused engine eligible)."""
     with trio.fail_after(30):
-        while not predicate():  # type: ignore[operator]
-            await trio.sleep(0.01)
+        while not predicate():
+            await client._registry.wait_changed()
 
 
 async def set_version(engine: object, version: str) -> None:
@@ -34,7 +40,7 @@ async def test_an_added_engine_takes_work_only_once_it_reports_the_version(fd_ba
             await client.post("/v1/completions", json=body())
         assert completions(second) == 0 and completions(first) == 6  # it got nothing
         await set_version(second, "v1")  # the engine now runs v1 and says so
-        await until(lambda: all(e.held_out is None for e in client.engines.list()))
+        await until_released(client, lambda: all(e.held_out is None for e in client.engines.list()))
         (now,) = [e for e in client.engines.list() if e.url == info.url]
         assert now.weight_version == "v1"
         async with trio.open_nursery() as nursery:
@@ -56,7 +62,7 @@ async def test_an_engine_readmitted_after_an_ejection_stays_out_until_it_reports
         registry.record_success(engine, probe=True)  # back: but on which weights?
         assert engine.healthy and engine.held_out is not None and not engine.eligible
         # Its resume told it v2 before the ejection: its report releases it.
-        await until(lambda: engine.held_out is None)
+        await until_released(client, lambda: engine.held_out is None)
         assert engine.reported_version == "v2" and engine.eligible
 
 
@@ -67,7 +73,10 @@ async def test_an_engine_that_cannot_report_stays_out_until_confirmed(fd_baselin
         await client.resume(weight_version="v3")
         client.engines.add(mute.url)
         engine = client.engines.get(mute.url)
-        await until(lambda: engine.held_out is not None and "cannot report" in engine.held_out)
+        # Its watch asks it (loopback, no timer before the answer): once every task is
+        # blocked, it has found that the engine cannot report a version.
+        await trio.testing.wait_all_tasks_blocked()
+        assert engine.held_out is not None and "cannot report" in engine.held_out
         assert not client.versions.confirm(engine, "v2")  # not the current version
         assert engine.held_out is not None
         assert client.versions.confirm(engine, "v3")

@@ -21,11 +21,46 @@ def body(max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {"model": "sim-base", "prompt": [1, 2, 3], "max_tokens": max_tokens, "return_token_ids": True, **extra}
 
 
-async def until(predicate: Any) -> None:
-    """Wait for ``predicate()`` to hold, re-checked whenever every task is blocked."""
+async def engine_until(engine: Any, predicate: Any) -> None:
+    """Wait for ``predicate(engine.stats)``, re-checked at each change of its counters."""
     with trio.fail_after(60):
-        while not predicate():
-            await trio.sleep(0.01)
+        await engine.stats.wait_for(predicate)
+
+
+class Seen:
+    """Stream events read so far; :meth:`wait` returns once ``count`` were."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._more = trio.Event()
+
+    def add(self) -> None:
+        self.count += 1
+        self._more.set()
+        self._more = trio.Event()
+
+    async def wait(self, count: int) -> None:
+        with trio.fail_after(60):
+            while self.count < count:
+                await self._more.wait()
+
+
+class Answers(dict[str, Any]):
+    """The answers by key; :meth:`wait` returns once ``key``'s has come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._more = trio.Event()
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self._more.set()
+        self._more = trio.Event()
+
+    async def wait(self, key: str) -> None:
+        with trio.fail_after(60):
+            while key not in self:
+                await self._more.wait()
 
 
 async def post(
@@ -35,14 +70,14 @@ async def post(
     out[key] = response
 
 
-async def read_stream(http: httpx.AsyncClient, out: dict[str, Any], headers: dict[str, str], seen: list[int]) -> None:
+async def read_stream(http: httpx.AsyncClient, out: dict[str, Any], headers: dict[str, str], seen: Seen) -> None:
     events: list[bytes] = []
     async with http.stream("POST", "/v1/completions", json=body(LONG, stream=True), headers=headers) as response:
         out["stream_status"] = response.status_code
         async for line in response.aiter_lines():
             if line.startswith("data: "):
                 events.append(line[6:].encode())
-                seen[0] += 1
+                seen.add()
     out["stream"] = events
 
 
@@ -51,20 +86,24 @@ async def test_abort_a_group_running_and_queued_leaves_other_groups_whole(fd_bas
         engine.url, engine_capacity=12, abort_grace=30.0
     ) as gw:
         out: dict[str, Any] = {}
-        seen = [0]
+        seen = Seen()
         client = gw.state.client
         async with httpx.AsyncClient(base_url=gw.url, timeout=None) as http, trio.open_nursery() as nursery:
             for i in range(7):
                 nursery.start_soon(post, http, out, f"a{i}", body(LONG), {"X-Rollout-Group": "A", "X-Request-Id": f"a-{i}"})
             nursery.start_soon(read_stream, http, out, {"X-Rollout-Group": "A", "X-Request-Id": "a-s"}, seen)
-            await until(lambda: engine.stats.running == 8 and seen[0] >= 3)
+            await seen.wait(3)
+            await engine_until(engine, lambda s: s.running == 8)
             for i in range(3):
                 nursery.start_soon(post, http, out, f"b{i}", body(MEDIUM), {"X-Rollout-Group": "B"})
             nursery.start_soon(post, http, out, "solo", body(MEDIUM), {"X-Request-Id": "solo-1"})
-            await until(lambda: engine.stats.running == 12)
+            await engine_until(engine, lambda s: s.running == 12)
             for i in range(4):
                 nursery.start_soon(post, http, out, f"q{i}", body(LONG), {"X-Rollout-Group": "A", "X-Request-Id": f"a-q-{i}"})
-            await until(lambda: client.statistics().queued == 4)
+            # They queue at the gateway (loopback, no timer on the way): once every
+            # task is blocked, all four wait for capacity.
+            await trio.testing.wait_all_tasks_blocked()
+            assert client.statistics().queued == 4
             answer = await http.post("/admin/abort", json={"group": "A"})
             assert answer.status_code == 200
             assert answer.json() == {"queued": 4, "on_engine": 8, "finished": 0}
@@ -96,14 +135,14 @@ async def test_abort_a_group_running_and_queued_leaves_other_groups_whole(fd_bas
 
 async def test_abort_by_id_and_all_and_unknown_ones(fd_baseline: int) -> None:
     async with open_sim(decode_ms_per_token=5) as engine, open_gateway(engine.url, abort_grace=30.0) as gw:
-        out: dict[str, Any] = {}
+        out = Answers()
         async with httpx.AsyncClient(base_url=gw.url, timeout=None) as http, trio.open_nursery() as nursery:
             for i in range(3):
                 nursery.start_soon(post, http, out, f"r{i}", body(LONG), {"X-Request-Id": f"r-{i}"})
-            await until(lambda: engine.stats.running == 3)
+            await engine_until(engine, lambda s: s.running == 3)
             one = await http.post("/admin/abort", json={"request_ids": ["r-1", "nobody"]})
             assert one.json() == {"queued": 0, "on_engine": 1, "finished": 0}
-            await until(lambda: "r1" in out)
+            await out.wait("r1")
             assert out["r1"].json()["choices"][0]["finish_reason"] == "abort"
             assert "r0" not in out and "r2" not in out  # the others run on
             again = await http.post("/admin/abort", json={"request_ids": ["r-1"]})
@@ -138,11 +177,12 @@ async def test_abort_on_an_engine_without_an_abort_route_closes_and_answers(fd_b
     # and a stream its abort tail after what it had.
     async with open_sim(decode_ms_per_token=5, kind="none") as engine, open_gateway(engine.url) as gw:
         out: dict[str, Any] = {}
-        seen = [0]
+        seen = Seen()
         async with httpx.AsyncClient(base_url=gw.url, timeout=None) as http, trio.open_nursery() as nursery:
             nursery.start_soon(post, http, out, "whole", body(LONG), {"X-Rollout-Group": "G"})
             nursery.start_soon(read_stream, http, out, {"X-Rollout-Group": "G"}, seen)
-            await until(lambda: engine.stats.running == 2 and seen[0] >= 3)
+            await seen.wait(3)
+            await engine_until(engine, lambda s: s.running == 2)
             answer = await http.post("/admin/abort", json={"group": "G"})
             assert answer.json() == {"queued": 0, "on_engine": 2, "finished": 0}
         (choice,) = out["whole"].json()["choices"]
@@ -151,7 +191,7 @@ async def test_abort_on_an_engine_without_an_abort_route_closes_and_answers(fd_b
         assert events[-1] == b"[DONE]"
         assert orjson.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
         assert all(e == b"[DONE]" or orjson.loads(e) for e in events)  # every event whole
-        await until(lambda: engine.stats.aborted == 2)  # the engine saw its client leave
+        await engine_until(engine, lambda s: s.aborted == 2)  # the engine saw its client leave
         assert await gw.pool_active() == 0
 
 
@@ -175,7 +215,7 @@ async def test_a_tinker_sample_in_an_aborted_group_gets_its_tokens_so_far(fd_bas
                 "seq_id": 0,
             }
             future = (await http.post("/api/v1/asample", json=sample)).json()["request_id"]
-            await until(lambda: engine.stats.running == 1)
+            await engine_until(engine, lambda s: s.running == 1)
             answer = await http.post("/admin/abort", json={"group": "T"})
             assert answer.json() == {"queued": 0, "on_engine": 1, "finished": 0}
             done = await http.post("/api/v1/retrieve_future", json={"request_id": future})

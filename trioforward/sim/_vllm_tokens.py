@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from trioforward.sim._api import Generation
-from trioforward.sim._errors import ApiError, error_body, invalid_field, invalid_json, missing_field, unknown_model
+from trioforward.sim._errors import (
+    ApiError,
+    error_body,
+    invalid_field,
+    invalid_json,
+    missing_field,
+    unknown_model,
+)
 from trioforward.sim._generate import VOCAB_SIZE, Sample, expected_prompt_logprobs
 from trioforward.sim._native import Answer, Native, spans
 
