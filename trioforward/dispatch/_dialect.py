@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from trioforward.codec import Completion
     from trioforward.dispatch._engines import Engine
 
-__all__ = ["TokenRequest", "Dialect", "dialect_for"]
+__all__ = ["TokenRequest", "Dialect", "dialect_for", "route_sampling_params"]
 
 
 @dataclass(slots=True)
@@ -92,3 +92,26 @@ def dialect_for(engine: Engine) -> Dialect:
     if engine.kind == "vllm" and engine.token_route:
         return _dialect_vllm_tokens
     return _dialect_completions
+
+
+def route_sampling_params(request: TokenRequest, *, max_tokens: str, seed: str) -> dict[str, Any]:
+    """The ``sampling_params`` both engines' token routes take, the budget and the
+    seed under the route's own names (SGLang ``/generate``: ``max_new_tokens``,
+    ``sampling_seed``; vLLM ``/inference/v1/generate``: ``max_tokens``, ``seed``);
+    the fields left unset are left out."""
+    params: dict[str, Any] = {
+        max_tokens: request.max_tokens,
+        "n": request.n,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+    }
+    if request.seed is not None:
+        params[seed] = request.seed
+    if request.stop is not None:
+        params["stop"] = request.stop
+    if request.stop_token_ids is not None:
+        params["stop_token_ids"] = request.stop_token_ids
+    if request.ignore_eos:
+        params["ignore_eos"] = True
+    return params

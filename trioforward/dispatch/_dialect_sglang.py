@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from trioforward.codec import Choice, CodecError, Completion, weight_spans
-from trioforward.dispatch._dialect import TokenRequest
+from trioforward.dispatch._dialect import TokenRequest, route_sampling_params
 
 __all__ = ["PATH", "render", "parse"]
 
@@ -35,21 +35,7 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 
 
 def render(request: TokenRequest, engine_id: str) -> tuple[str, bytes]:
-    params: dict[str, Any] = {
-        "max_new_tokens": request.max_tokens,
-        "n": request.n,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "top_k": request.top_k,
-    }
-    if request.seed is not None:
-        params["sampling_seed"] = request.seed
-    if request.stop is not None:
-        params["stop"] = request.stop
-    if request.stop_token_ids is not None:
-        params["stop_token_ids"] = request.stop_token_ids
-    if request.ignore_eos:
-        params["ignore_eos"] = True
+    params = route_sampling_params(request, max_tokens="max_new_tokens", seed="sampling_seed")
     body: dict[str, Any] = {
         "rid": engine_id,
         "input_ids": request.prompt,

@@ -23,7 +23,7 @@ import numpy as np
 import orjson
 
 from trioforward.codec import Choice, CodecError, Completion, prompt_logprobs_array, weight_spans
-from trioforward.dispatch._dialect import TokenRequest
+from trioforward.dispatch._dialect import TokenRequest, route_sampling_params
 
 __all__ = ["PATH", "render", "parse"]
 
@@ -32,21 +32,7 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 
 
 def sampling_params(request: TokenRequest) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "max_tokens": request.max_tokens,
-        "n": request.n,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "top_k": request.top_k,
-    }
-    if request.seed is not None:
-        params["seed"] = request.seed
-    if request.stop is not None:
-        params["stop"] = request.stop
-    if request.stop_token_ids is not None:
-        params["stop_token_ids"] = request.stop_token_ids
-    if request.ignore_eos:
-        params["ignore_eos"] = True
+    params = route_sampling_params(request, max_tokens="max_tokens", seed="seed")
     if request.logprobs:
         params["logprobs"] = 1
     if request.prompt_logprobs:
