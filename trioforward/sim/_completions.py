@@ -42,7 +42,6 @@ class OpenAIGeneration(TimingModel):
     adapters: Adapters
     _nursery: trio.Nursery
     _ids: itertools.count[int]
-    _limiter: trio.CapacityLimiter
 
     async def _generation(
         self, ex: Exchange, chat: bool, body: bytes, request_id: str | None
@@ -102,17 +101,7 @@ class OpenAIGeneration(TimingModel):
         self, ex: Exchange, gen: Generation, rid: str, created: int, run: Run
     ) -> None:
         stats = self.stats
-        try:
-            self._limiter.acquire_nowait()
-        except trio.WouldBlock:
-            stats.queued += 1
-            stats.peak_queued = max(stats.peak_queued, stats.queued)
-            stats.changed()
-            try:
-                await self._limiter.acquire()
-            finally:
-                stats.queued -= 1
-                stats.changed()
+        await self._take_slot()
         try:
             stats.running += 1
             stats.peak_running = max(stats.peak_running, stats.running)

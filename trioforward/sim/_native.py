@@ -137,17 +137,7 @@ async def _generate(
     gen, stats = nat.gen, engine.stats
     limiter = None if engine.instant else engine._limiter
     if limiter is not None:
-        try:
-            limiter.acquire_nowait()
-        except trio.WouldBlock:
-            stats.queued += 1
-            stats.peak_queued = max(stats.peak_queued, stats.queued)
-            stats.changed()
-            try:
-                await limiter.acquire()
-            finally:
-                stats.queued -= 1
-                stats.changed()
+        await engine._take_slot()
     try:
         stats.running += 1
         stats.peak_running = max(stats.peak_running, stats.running)

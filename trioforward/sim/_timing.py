@@ -3,7 +3,8 @@ stalls (docs/sim.md, "Engine model"; docs/sim.md, "Speed (instant mode)").
 
 :class:`TimingModel` is a base of :class:`~trioforward.sim.SimEngine`: it holds
 :meth:`~TimingModel.prefill_stall`, :meth:`~TimingModel.end_stall`, the
-``instant`` test and the sleeps a timed generation makes (``_prefill``, ``_decode``).
+``instant`` test, the wait for a capacity slot (``_take_slot``) and the sleeps a
+timed generation makes (``_prefill``, ``_decode``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class TimingModel:
     _stall_until: float
     _stall_slowdown: float
     _stall_changed: trio.Event
+    _limiter: trio.CapacityLimiter
 
     @property
     def instant(self) -> bool:
@@ -52,6 +54,22 @@ class TimingModel:
         """End a prefill stall now."""
         self._stall_until = -math.inf
         self._wake_decoders()
+
+    async def _take_slot(self) -> None:
+        """Take one of the ``capacity`` slots (FIFO), counted in ``stats.queued``
+        while it waits; the caller releases ``_limiter`` when the request ends."""
+        stats = self.stats
+        try:
+            self._limiter.acquire_nowait()
+        except trio.WouldBlock:
+            stats.queued += 1
+            stats.peak_queued = max(stats.peak_queued, stats.queued)
+            stats.changed()
+            try:
+                await self._limiter.acquire()
+            finally:
+                stats.queued -= 1
+                stats.changed()
 
     def _wake_decoders(self) -> None:
         self._stall_changed.set()
