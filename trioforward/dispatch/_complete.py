@@ -25,6 +25,14 @@ __all__ = ["completion_body", "completion_of", "token_request", "Rendering"]
 _UNDECODABLE = frozenset({"stream", "return_token_ids"})
 
 
+def _check_extra(extra: dict[str, Any]) -> None:
+    """``ValueError`` for the fields ``complete()`` sets itself, given in ``extra``."""
+    if wrong := _UNDECODABLE.intersection(extra):
+        raise ValueError(
+            f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()"
+        )
+
+
 def completion_body(
     *,
     model: str,
@@ -42,10 +50,7 @@ def completion_body(
     """The JSON body of ``Client.complete`` (always ``return_token_ids``; ``logprobs: 1``
     when ``logprobs``; optional fields only when given; ``extra`` last). Raises
     ``ValueError`` for ``stream`` or ``return_token_ids`` in ``extra``."""
-    if wrong := _UNDECODABLE.intersection(extra):
-        raise ValueError(
-            f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()"
-        )
+    _check_extra(extra)
     body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
@@ -84,10 +89,7 @@ def token_request(
 ) -> TokenRequest:
     """``Client.complete``'s arguments as a :class:`TokenRequest` (raises
     ``ValueError`` as :func:`completion_body`)."""
-    if wrong := _UNDECODABLE.intersection(extra):
-        raise ValueError(
-            f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()"
-        )
+    _check_extra(extra)
     return TokenRequest(
         model=model,
         prompt=[int(t) for t in prompt],
