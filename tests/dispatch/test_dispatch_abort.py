@@ -147,7 +147,7 @@ async def test_aborts_at_once_ask_the_engine_its_control_kind_once(fd_baseline: 
         async with trio.open_nursery() as nursery:
             for g in range(8):
                 nursery.start_soon(one, g)
-            await until(lambda: engine.stats.running == 8)
+            await running(engine, 8)
             async with trio.open_nursery() as calls:
                 for g in range(8):
                     calls.start_soon(lambda g=g: client.abort(group=f"k{g}"))
