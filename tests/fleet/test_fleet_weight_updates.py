@@ -136,3 +136,44 @@ async def test_continue_is_fleet_wide_and_each_member_continues_its_own(
         assert continued == engine.stats.pause_aborted - sum(
             gw.state.client.continued.whole for gw in (a, b)
         )
+
+
+async def test_a_request_the_engine_held_across_a_continue_pause_names_the_new_version(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    # vLLM 0.32 holds a request that reaches it after its pause and runs it after the
+    # resume, whole, on the new weights; members do not close it (docs/operations.md).
+    async with open_sim(decode_ms_per_token=5) as engine, AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_gateway(
+                    engine.url, state_url=valkey.url, fleet_name=fleet_name,
+                    lease_interval=0.05, member_ttl=1.0,
+                )
+            )
+            for _ in range(2)
+        ]  # fmt: skip
+        with trio.fail_after(30):
+            while not all(len(gw.state.fleet.members) == 2 for gw in (a, b)):
+                await a.state.fleet.wait_tick()
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        await cb.post("/admin/resume", json={"weight_version": "v4"})
+        await engine.rl.pause("abort")  # the engine paused before the request reaches it
+        replies: list[httpx.Response] = []
+
+        async def complete() -> None:
+            replies.append(await ca.post("/v1/completions", content=orjson.dumps(BODY)))
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(complete)
+                await engine.stats.wait_for(lambda s: s.held == 1)
+                body = {"engine_mode": "abort", "replay": "continue"}
+                assert (await cb.post("/admin/pause", json=body)).status_code == 200
+                assert (await cb.post("/admin/resume", json={"weight_version": "v5"})).status_code == 200
+        [reply] = replies
+        choice = reply.json()["choices"][0]
+        assert len(choice["token_ids"]) == 30 and engine.stats.tokens_decoded == 30
+        assert reply.headers["x-weight-version"] == "v5"  # run after the resume only
+        assert choice["weight_versions"] == [{"version": "v5", "start": 0, "end": 30}]

@@ -71,6 +71,13 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
             token_level = hasattr(req.render, "parse")  # a Rendering, not a route's own
             tokens = aborted_tokens(req, reply) if token_level else None
             if tokens is None and (token_level or not is_abort_answer(reply.content)):
+                if req.replay == CONTINUE and req.weight_version != dispatcher.weight_version:
+                    # A continue pause did not end it and it answered after the
+                    # resume: the engine held it through its pause (vLLM 0.32: it
+                    # reached the engine after the pause) and ran it after the
+                    # resume, whole, on the new weights (a fleet member does not close
+                    # such a request; docs/operations.md, "Fleet mode").
+                    req.weight_version = dispatcher.weight_version
                 return _shown(req, reply, crossed, dispatcher.weight_version)
             if not req.replay:
                 raise req.stamp(req.aborted()) from None
