@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import orjson
 import pytest
 import trio
 import trio.testing
 from dispatch_testing import body, client_for, completions
 
+from trioforward.dispatch._abort import engine_names
+from trioforward.dispatch._request import Request
 from trioforward.sim import open_engine
 
 LONG = 4000
@@ -154,3 +159,25 @@ async def test_aborts_at_once_ask_the_engine_its_control_kind_once(fd_baseline: 
         assert engine.stats.by_path["/is_paused"] == 1
         assert engine.stats.by_path["/abort_requests"] == 8
         assert [c.choices[0].finish_reason for c in out] == ["abort"] * 8  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "prompt", "names"),
+    [
+        ("sglang", "/v1/completions", [1, 2], ["E"]),
+        ("sglang", "/v1/completions", [[1], [2], [3]], ["E", "E_0", "E_1", "E_2"]),
+        ("sglang", "/v1/chat/completions", None, ["E"]),
+        ("vllm", "/v1/completions", [[1], [2]], ["cmpl-E-0", "cmpl-E-1", "E", "generate-tokens-E"]),
+        ("vllm", "/v1/chat/completions", None, ["chatcmpl-E", "E", "generate-tokens-E"]),
+    ],
+)
+def test_engine_names_are_what_each_engine_ran_the_attempt_as(
+    kind: str, path: str, prompt: object, names: list[str]
+) -> None:
+    # SGLang's /v1 routes ran it as the body's rid (a prompt list's items as
+    # <rid>_<i>: its tokenizer aborts exact ids); vLLM as cmpl-<id>-<prompt>.
+    content = orjson.dumps({"model": "m", "prompt": prompt} if prompt is not None else {"model": "m", "messages": []})
+    req = Request("POST", path, [], content, "m", False, None, "r")
+    req.engine = SimpleNamespace(kind=kind)  # type: ignore[assignment]
+    req.engine_request_id = "E"
+    assert engine_names(req) == names
