@@ -92,6 +92,29 @@ async def test_a_paused_sglang_engine_is_probed_on_ready_and_never_ejected(
                 await client._registry.wait_changed()  # an ejection ends its eligibility
 
 
+async def test_sglang_openai_routes_get_base_colon_adapter(fd_baseline: int) -> None:
+    """A bare adapter name would be served by SGLang's base model: the request goes
+    out as "<served name>:<adapter>", lazily loaded on the 400 it first gets."""
+    async with (
+        open_engine(kind="sglang") as engine,
+        client_for(engine, adapters={"a1": "/adapters/a1"}) as client,
+    ):
+        await kinds(client)
+        for _ in range(2):
+            response = await client.post(COMPLETION, json=body(model="a1"))
+            assert response.status == 200
+        assert engine.stats.by_model["a1"] == 2 and engine.stats.by_model["sim-base"] == 0
+        assert engine.stats.by_path["/load_lora_adapter"] == 1
+        assert engine.stats.by_path["/v1/completions"] == 3  # the 400 before the load, then 2
+        assert orjson_model(response.content) == "sim-base:a1"  # SGLang echoes what it got
+
+
+def orjson_model(content: bytes) -> str:
+    import orjson
+
+    return str(orjson.loads(content)["model"])
+
+
 async def test_adapters_load_on_sglang_routes_without_v1(fd_baseline: int) -> None:
     async with (
         open_engine(kind="sglang") as engine,

@@ -52,6 +52,66 @@ async def test_sglang_generate_errors_have_its_shapes(fd_baseline: int) -> None:
         assert (await request(engine, "POST", "/abort_request", {"rid": "nobody"})).body == b""
 
 
+async def test_sglang_generate_has_all_four_error_shapes(fd_baseline: int) -> None:
+    """docs/compatibility.md, "SGLang engines": the contract's plain string, the
+    tokenizer's {"error": {"message"}}, the validation / HTTP-exception object, and
+    in a stream one error event under 200."""
+    async with open_engine(kind="sglang", max_model_len=16) as engine:
+        validation = await request(engine, "POST", "/generate", {"input_ids": [1], "return_routed_experts": [1]})
+        error = validation.json()
+        assert validation.status == 400 and set(error) == {"object", "message", "type", "param", "code"}
+        assert error["object"] == "error" and error["type"] == "Bad Request" and error["code"] == 400
+        assert "return_routed_experts" in error["message"] and error["param"] is None
+        lax = await request(engine, "POST", "/generate", {"input_ids": [1], "return_routed_experts": "yes"})
+        assert lax.status == 200  # pydantic's lax bool
+        long = {"input_ids": [1] * 20, "stream": True}
+        stream = await request(engine, "POST", "/generate", long)
+        assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream")
+        (event,) = events(stream)
+        assert event == {
+            "error": {
+                "message": "The input (20 tokens) is longer than the model's context length (16 tokens).",
+                "type": "invalid_request_error",
+                "code": 400,
+                "retryable": False,
+            }
+        }
+        whole = await request(engine, "POST", "/generate", {"input_ids": [1] * 20})
+        assert whole.status == 400 and set(whole.json()["error"]) == {"message"}
+        over = {"input_ids": [1] * 10, "sampling_params": {"max_new_tokens": 7}}
+        too_many = await request(engine, "POST", "/generate", over)
+        assert too_many.status == 400
+        assert too_many.json()["error"]["message"].startswith("Requested token count exceeds the model's maximum")
+        engine.faults.update({"paths": ["/generate"], "reject": 1, "reject_status": 503})
+        busy = await request(engine, "POST", "/generate", {"input_ids": [1]})
+        assert busy.status == 503 and busy.json()["type"] == "503" and busy.json()["object"] == "error"
+        assert engine.stats.by_path["/generate"] == 6 and engine.stats.rejected == 1
+
+
+async def test_sglang_openai_routes_name_adapters_base_colon_adapter(fd_baseline: int) -> None:
+    async with open_engine(kind="sglang", lora_modules={"a1": "/adapters/a1"}) as engine:
+        body = {"prompt": [1, 2, 3], "max_tokens": 3, "return_token_ids": True}
+        bare = (await request(engine, "POST", "/v1/completions", {**body, "model": "a1"})).json()
+        named = (await request(engine, "POST", "/v1/completions", {**body, "model": "sim-base:a1"})).json()
+        anything = (await request(engine, "POST", "/v1/completions", {**body, "model": "whatever"})).json()
+        assert bare["model"] == "a1" and named["model"] == "sim-base:a1"  # echoed as asked
+        assert bare["choices"][0]["token_ids"] == expected_completion("sim-base", [1, 2, 3], None, 0, 3)[0]
+        assert named["choices"][0]["token_ids"] == expected_completion("a1", [1, 2, 3], None, 0, 3)[0]
+        assert anything["choices"][0]["token_ids"] == bare["choices"][0]["token_ids"]  # base, no 404
+        assert engine.stats.by_model["a1"] == 1 and engine.stats.by_model["sim-base"] == 2
+        missing = await request(engine, "POST", "/v1/completions", {**body, "model": "sim-base:a9"})
+        assert missing.status == 400
+        assert missing.json() == {
+            "object": "error",
+            "message": "Got LoRA adapter that has never been loaded: a9",
+            "type": "BadRequest",
+            "param": None,
+            "code": 400,
+        }
+        bad = await request(engine, "POST", "/v1/completions", {**body, "max_tokens": "x"})
+        assert bad.status == 400 and bad.json()["object"] == "error" and "error" not in bad.json()
+
+
 async def test_sglang_streams_are_cumulative(fd_baseline: int) -> None:
     async with open_engine(kind="sglang") as engine:
         body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}, "stream": True}

@@ -27,9 +27,28 @@ from trioforward.dispatch._engines import Engine
 from trioforward.errors import AdapterLoadError
 from trioforward.http import ConnectionPool, PoolError
 
-__all__ = ["AdapterRegistry", "AdapterLoader"]
+__all__ = ["AdapterRegistry", "AdapterLoader", "engine_body"]
 
 log = logging.getLogger("trioforward.dispatch")
+
+
+def engine_body(engine: Engine, path: str, content: bytes, name: str, registry: AdapterRegistry) -> bytes:
+    """The body an OpenAI request naming adapter ``name`` goes to ``engine`` with: as
+    it came, except on SGLang, whose OpenAI routes name an adapter ``"<base>:<name>"``
+    (a bare ``name`` would be served by the base model: SGLang does not check it;
+    ``srt/entrypoints/openai/serving_base.py``), so ``model`` is rewritten (the body
+    re-encoded). ``<base>``: the served name from ``/model_info``, else the adapter's
+    registered parent, else ``base`` (SGLang reads only what follows the colon)."""
+    if engine.kind != "sglang" or not path.startswith("/v1/"):
+        return content
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content
+    if not isinstance(data, dict) or data.get("model") != name:
+        return content
+    data["model"] = f"{engine.served_model or registry.parent(name) or 'base'}:{name}"
+    return orjson.dumps(data)
 
 
 def _lora_path(engine: Engine, call: str) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import trio
 
 from trioforward import Phase
-from trioforward.dispatch._adapters import AdapterLoader
+from trioforward.dispatch._adapters import AdapterLoader, engine_body
 from trioforward.dispatch._budget import RetryBudget
 from trioforward.dispatch._engines import Engine, Registry
 from trioforward.dispatch._identity import SGLANG_RID_PATHS, IdMaker, with_rid
@@ -68,8 +68,12 @@ class AttemptLoop:
         ``body`` is open: the caller closes it."""
         pool = self.pool
         url = engine.url + req.url_path
-        body_sent = req.content
+        request_body = req.content
         model = req.model
+        if req.is_adapter and engine.kind == "sglang" and req.render is None:
+            assert model is not None  # SGLang's OpenAI routes: "<base>:<adapter>"
+            request_body = engine_body(engine, req.url_path, request_body, model, self.loader.registry)
+        body_sent = request_body
         ids = self.ids
         while True:
             req.attempts += 1
@@ -83,7 +87,7 @@ class AttemptLoop:
                 url = engine.url + path
                 req.url_path = path  # what the last attempt was (continue reads it)
             elif engine.kind == "sglang" and req.url_path in SGLANG_RID_PATHS:
-                body_sent = with_rid(req.content, engine_id)  # SGLang's /v1: the body's rid
+                body_sent = with_rid(request_body, engine_id)  # SGLang's /v1: the body's rid
             if req.on_dispatch is not None:
                 req.on_dispatch(engine.url, req.attempts, req.queue_time)
             # CONNECT from here: waiting for an adapter load is part of getting the

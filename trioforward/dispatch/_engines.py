@@ -92,6 +92,7 @@ class Engine:
         "kind",
         "token_route",
         "kind_known",
+        "served_model",
         "health_path",
         "held_out",
         "reported_version",
@@ -118,6 +119,9 @@ class Engine:
         self.kind: str | None = None
         self.token_route: bool | None = None
         self.kind_known = trio.Event()
+        # SGLang: the served model name /model_info gave (its OpenAI routes name an
+        # adapter "<base>:<adapter>": _adapters.engine_body); None when not read.
+        self.served_model: str | None = None
         self.health_path = "/health"  # SGLang: "/ready" (_health.py)
         # Not running the recorded weight version (yet): why it takes no work, and
         # the version it last reported (docs/operations.md, "One weight version

@@ -89,7 +89,7 @@ async def _token_route(pool: ConnectionPool, url: str, probe_seconds: float) -> 
 
 
 async def detect(
-    pool: ConnectionPool, url: str, probe_seconds: float, kind: str | None = None
+    pool: ConnectionPool, url: str, probe_seconds: float, kind: str | None = None, found: dict[str, str] | None = None
 ) -> tuple[str, bool]:
     """``(kind, token route served)`` of the engine at ``url``; ``kind`` given:
     only what it serves is asked. Each call has ``probe_seconds``. Raises
@@ -102,6 +102,9 @@ async def detect(
         return kind, await _token_route(pool, url, probe_seconds)
     status, body = await _get(pool, url, "/model_info", probe_seconds)
     if status == 200 and isinstance(body, dict) and ("weight_version" in body or "model_path" in body):
+        name = body.get("served_model_name") or body.get("model_path")
+        if found is not None and isinstance(name, str) and name:
+            found["served_model"] = name  # the base of its OpenAI routes' "<base>:<adapter>"
         return "sglang", True
     status, body = await _get(pool, url, "/version", probe_seconds)
     if status == 200 and isinstance(body, dict) and isinstance(body.get("version"), str):
@@ -125,13 +128,15 @@ async def detect_loop(
     delay = 1.0
     while not engine.removed:
         try:
-            kind, served = await detect(pool, engine.url, probe_seconds, configured)
+            found: dict[str, str] = {}
+            kind, served = await detect(pool, engine.url, probe_seconds, configured, found)
         except _Unreachable as exc:
             log.debug("engine %s: kind not detected yet (%s)", engine.url, exc)
             await trio.sleep(delay)
             delay = min(_RETRY_MAX, delay * 2)
             continue
         engine.kind, engine.token_route = kind, served
+        engine.served_model = found.get("served_model")
         if kind == "sglang":
             engine.health_path = "/ready"  # /health blocks 20 s while paused (_health.py)
         engine.kind_known.set()

@@ -77,6 +77,9 @@ class Generation:
     return_token_ids: bool = False
     stream: bool = False
     include_usage: bool = False
+    #: The name the answer's ``model`` echoes when it is not ``model`` (SGLang's
+    #: ``<base>:<adapter>``, sim/_sglang_openai.py).
+    echo_model: str | None = None
     cached_tokens: int | None = None
 
     def samples(self) -> list[Sample]:
@@ -328,7 +331,7 @@ def complete_body(gen: Generation, samples: list[Sample], rid: str, created: int
         "id": rid,
         "object": "chat.completion" if gen.chat else "text_completion",
         "created": created,
-        "model": gen.model,
+        "model": gen.echo_model or gen.model,
         "choices": choices,
         "service_tier": None,
         "system_fingerprint": SYSTEM_FINGERPRINT,

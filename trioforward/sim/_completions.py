@@ -24,6 +24,8 @@ from trioforward.sim._api import ApiError, Generation, complete_body, parse_gene
 from trioforward.sim._http import Exchange
 from trioforward.sim._prefix_cache import cache_outputs, prefill_tokens
 from trioforward.sim._rl import Run, answer_aborted, decoded_estimate
+from trioforward.sim._sglang_openai import error_body as sglang_error
+from trioforward.sim._sglang_openai import served_model
 from trioforward.sim._stream import STREAM_CONTENT_TYPE, stream_steps
 from trioforward.sim._timing import TimingModel
 
@@ -49,7 +51,11 @@ class OpenAIGeneration(TimingModel):
         stats = self.stats
         try:
             gen = parse_generation(chat, body, self.adapters.base[0], self.max_model_len)
+            if self.kind == "sglang":  # base:adapter naming (sim/_sglang_openai.py)
+                gen.echo_model, gen.model = gen.model, served_model(self.adapters, gen.model)
         except ApiError as exc:
+            if self.kind == "sglang":
+                return await ex.respond(exc.status, _JSON, sglang_error(exc.status, exc.message))
             return await ex.respond(exc.status, _JSON, exc.body())
         stats.by_model[gen.model] += 1
         if gen.seed is not None:

@@ -44,6 +44,7 @@ from trioforward.sim._http import Exchange, reset_stream, serve_connection
 from trioforward.sim._prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
 from trioforward.sim._rl import RLControl
 from trioforward.sim._sglang_info import INFO_PATHS, serve_info
+from trioforward.sim._sglang_openai import error_body as sglang_error
 from trioforward.sim._stats import EngineStats
 from trioforward.sim._token_routes import (
     CONTROL_PATHS,
@@ -300,6 +301,8 @@ class SimEngine(OpenAIGeneration):
         message = "The engine is overloaded; retry later." if overloaded else f"Injected {status}."
         kind = "ServiceUnavailableError" if overloaded else "InjectedError"
         error = {"error": {"message": message, "type": kind, "code": status}}
+        if self.kind == "sglang":  # its HTTP exceptions' shape, on every route
+            return await ex.respond(status, _JSON, sglang_error(status, message), extra)
         await ex.respond(status, _JSON, orjson.dumps(error), extra)
 
     async def _set_faults(self, ex: Exchange, method: bytes, body: bytes) -> None:

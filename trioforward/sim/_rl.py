@@ -296,7 +296,7 @@ async def answer_aborted(
             "id": rid,
             "object": "chat.completion.chunk" if gen.chat else "text_completion",
             "created": created,
-            "model": gen.model,
+            "model": gen.echo_model or gen.model,
         }
         if ex.status == 0:
             await ex.start_stream(200, STREAM_CONTENT_TYPE)

@@ -46,6 +46,7 @@ __all__ = ["PATH", "parse", "whole", "chunk", "refused", "abort_request", "SAMPL
 
 PATH = "/generate"
 _JSON = b"application/json"
+STREAM_TYPE = b"text/event-stream"
 #: sampling_params keys SGLang 0.5.23 accepts (srt/sampling/sampling_params.py).
 SAMPLING_KEYS = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
@@ -58,8 +59,45 @@ _INTS = ("max_new_tokens", "top_k", "min_new_tokens", "n", "sampling_seed", "str
 _FLOATS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 
 
-def _error(status: int, message: str) -> Answer:
+def _error(status: int, message: str, stream: bool = False) -> Answer:
+    """A tokenizer-side refusal: 400 ``{"error": {"message"}}``, or in a stream (whose
+    200 head SGLang sends before these checks run) one error event and ``[DONE]``; a
+    status other than 400 (a scheduler abort: 503, 500) has the HTTP-exception shape."""
+    if stream:
+        event = {"error": {"message": message, "type": "invalid_request_error", "code": status, "retryable": False}}
+        return 200, STREAM_TYPE, b"data: " + orjson.dumps(event) + b"\n\ndata: [DONE]\n\n"
+    if status != 400:
+        return status, _JSON, http_error(status, message)
     return status, _JSON, orjson.dumps({"error": {"message": message}})
+
+
+def http_error(status: int, message: str) -> bytes:
+    """The body of an HTTP exception or a validation failure (http_server.py:579-660)."""
+    kind = "Bad Request" if status == 400 else str(status)
+    return orjson.dumps({"object": "error", "message": message, "type": kind, "param": None, "code": status})
+
+
+#: pydantic's lax booleans: what a bool field of GenerateReqInput takes beyond true/false.
+_LAX_BOOLS = frozenset({0, 1, "0", "1", "true", "false", "t", "f", "yes", "no", "y", "n", "on", "off"})
+#: GenerateReqInput's bool fields the contract gate does not list (checked by pydantic).
+_DATACLASS_BOOLS = ("return_routed_experts",)
+
+
+def _validation(data: dict[str, Any]) -> Answer | None:
+    for key in _DATACLASS_BOOLS:
+        value = data.get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        lax = isinstance(value, int | str) and (value.lower() if isinstance(value, str) else value) in _LAX_BOOLS
+        if not lax:
+            detail = {
+                "type": "bool_parsing" if isinstance(value, str) else "bool_type",
+                "loc": ("body", key),
+                "msg": "Input should be a valid boolean",
+                "input": value,
+            }
+            return 400, _JSON, http_error(400, str([detail]))
+    return None
 
 
 def _contract(message: str) -> Answer:
@@ -109,9 +147,13 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
     params = _params(data.get("sampling_params"))
     if isinstance(params, tuple):
         return params
+    invalid = _validation(data)
+    if invalid is not None:
+        return invalid
+    stream = bool(data.get("stream"))
     ids, text = data.get("input_ids"), data.get("text")
     if ids is None and text is None:
-        return _error(400, "Either text, input_ids or input_embeds should be provided.")
+        return _error(400, "Either text, input_ids or input_embeds should be provided.", stream)
     if ids is not None:
         batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
         prompts = ids if batch else [ids]
@@ -123,23 +165,35 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
         if not isinstance(p, list) or not all(type(t) is int for t in p):
             return _contract("invalid type: expected a sequence of integers for input_ids")
         if not p:
-            return _error(400, "input_ids cannot be empty.")
+            return _error(400, "input_ids cannot be empty.", stream)
         if any(not 0 <= t < VOCAB_SIZE for t in p):
-            return _error(400, f"Token id out of range: the vocabulary has {VOCAB_SIZE} tokens.")
+            return _error(400, f"Token id out of range: the vocabulary has {VOCAB_SIZE} tokens.", stream)
         if engine.max_model_len is not None and len(p) >= engine.max_model_len:
             return _error(
                 400,
                 f"The input ({len(p)} tokens) is longer than the model's context length "
                 f"({engine.max_model_len} tokens).",
+                stream,
             )
     lora = data.get("lora_path")
     model = engine.adapters.base[0]
     if isinstance(lora, str) and lora:
         if not engine.adapters.runtime_lora:
-            return _error(400, f"LoRA adapter '{lora}' was requested, but LoRA is not enabled.")
+            return _error(400, f"LoRA adapter '{lora}' was requested, but LoRA is not enabled.", stream)
         if lora not in engine.adapters.loaded:
-            return _error(400, f"Got LoRA adapter that has never been loaded: {lora}")
+            return _error(400, f"Got LoRA adapter that has never been loaded: {lora}", stream)
         model = lora
+    asked = params.get("max_new_tokens")
+    longest = max(map(len, prompts))
+    if asked is not None and engine.max_model_len is not None and longest + asked > engine.max_model_len:
+        return _error(
+            400,
+            f"Requested token count exceeds the model's maximum context length of {engine.max_model_len} "
+            f"tokens. You requested a total of {longest + asked} tokens: {longest} tokens from the input "
+            f"messages and {asked} tokens for the completion. Please reduce the number of tokens in the "
+            "input messages or the completion to fit within the limit.",
+            stream,
+        )
     n = params.get("n") or 1
     max_new = params.get("max_new_tokens", 128)
     if max_new is None:
@@ -251,7 +305,7 @@ def chunk(
 
 
 def refused(nat: Native, status: int, message: str) -> Answer:
-    return _error(status, message)
+    return _error(status, message, nat.gen.stream)
 
 
 def abort_request(engine: SimEngine, body: bytes) -> Answer:

@@ -66,7 +66,7 @@ def stream_steps(gen: Generation, samples: list[Sample], rid: str, created: int)
         "id": rid,
         "object": "chat.completion.chunk" if gen.chat else "text_completion",
         "created": created,
-        "model": gen.model,
+        "model": gen.echo_model or gen.model,
     }
     steps = max((len(s.tokens) for s in samples), default=0)
     prelude = _prelude(gen, len(samples), head)
