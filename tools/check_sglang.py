@@ -17,7 +17,13 @@ comparable with the engine's own:
 5. an SGLang refusal (``sampling_params.seed``) comes back verbatim;
 6. ``client.complete()`` (the ``/generate`` dialect) gives the same tokens;
 7. a gateway pause with ``engine_mode: "keep"`` pauses SGLang (``/ready`` 503)
-   and the engine is still healthy after two health intervals; resume.
+   and the engine is still healthy after two health intervals; resume;
+8. ``/v1/completions`` with ``X-Request-Id`` reaches SGLang as the body's
+   ``rid``: its answer's ``id`` is the engine-side id ``<X-Request-Id>.<n>``,
+   its tokens the engine's own;
+9. ``POST /admin/abort {"request_ids"}`` of a long ``/v1/completions`` ends it
+   through ``/abort_request`` by that rid: 200, ``finish_reason: "abort"``,
+   fewer tokens than asked (docs/operations.md, "Over-sampling").
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ from typing import Any
 PROMPT = [1, 2, 3, 4, 5]
 
 
-def call(method: str, url: str, body: Any = None) -> tuple[int, bytes]:
+def call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, response.read()
@@ -116,6 +124,32 @@ def main() -> int:
     entry = next(e for e in json.loads(body)["engines"] if e["url"] == engine)
     call("POST", gateway + "/admin/resume", {})
     c.check("pause keeps the engine", status == 200 and ready == 503 and entry["healthy"], f"{status} {ready} {entry}")
+
+    v1 = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    _, direct = call("POST", engine + "/v1/completions", v1)
+    status, through = call("POST", gateway + "/v1/completions", v1, {"X-Request-Id": "check-v1"})
+    g = json.loads(through) if status == 200 else {}
+    c.check("/v1 id is the body rid", str(g.get("id", "")).startswith("check-v1."), through[:300].decode())
+    want = [ch.get("token_ids") for ch in json.loads(direct)["choices"]]
+    c.check("/v1 tokens", [ch.get("token_ids") for ch in g.get("choices", [])] == want, through[:300].decode())
+
+    import threading
+
+    long = {**v1, "max_tokens": 4000, "ignore_eos": True}
+    answer: list[tuple[int, bytes]] = []
+    worker = threading.Thread(target=lambda: answer.append(call("POST", gateway + "/v1/completions", long, {"X-Request-Id": "check-abort"})))
+    worker.start()
+    time.sleep(1.0)  # decoding by now
+    status, counts = call("POST", gateway + "/admin/abort", {"request_ids": ["check-abort"]})
+    worker.join(60)
+    got = json.loads(answer[0][1]) if answer and answer[0][0] == 200 else {}
+    choice = (got.get("choices") or [{}])[0]
+    c.check(
+        "/v1 abort by rid",
+        status == 200 and json.loads(counts).get("on_engine") == 1 and choice.get("finish_reason") == "abort"
+        and len(choice.get("token_ids") or []) < 4000,
+        f"{counts[:200]!r} {str(got)[:300]}",
+    )
     return c.failures
 
 
