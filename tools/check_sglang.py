@@ -23,7 +23,7 @@ comparable with the engine's own:
    its tokens the engine's own;
 9. ``POST /admin/abort {"request_ids"}`` of a long ``/v1/completions`` ends it
    through ``/abort_request`` by that rid: 200, ``finish_reason: "abort"``,
-   fewer tokens than asked (docs/operations.md, "Over-sampling").
+   fewer tokens than asked (docs/operations.md, "Over-sampling: cancelling a round's stragglers").
 """
 
 from __future__ import annotations
