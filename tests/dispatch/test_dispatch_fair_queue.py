@@ -229,3 +229,22 @@ def test_an_idle_tenant_without_credit_is_forgotten() -> None:
         order.started(t)
         order.ended(t)
     assert not order._flows
+
+
+def test_fewest_running_stays_within_the_highest_class() -> None:
+    # A lower class running nothing does not pass a higher class running plenty.
+    high, low = Tenant("high", priority=1), Tenant("low")
+    order: FairOrder[Any] = FairOrder(counted=True)
+    for i in range(20):
+        order.push(high, ("high", i), None)
+    for _ in range(8):
+        assert order.pop()[0][0] == "high"
+    for i in range(5):
+        order.push(low, ("low", i), None)
+    served = []
+    for _ in range(12):
+        order.ended(high)
+        served.append(order.pop()[0][0])
+    assert served == ["high"] * 12 and order.running(low) == 0
+    order.ended(high)
+    assert order.pop()[0][0] == "low"  # the higher class has nothing queued any more
