@@ -54,6 +54,8 @@ BENCHMARKS = (
           ("--sizes", "512,2048,8192", "--requests", "16384", "--max-seconds", "20")),
     Bench("gateway_burst", "Gateway bursts vs smg, sglang-router, a reference forwarder and direct",
           ("--sizes", "64,1024,8192", "--min-requests", "4096")),
+    Bench("gateway_burst_routes", "Gateway CPU per request on the token routes: /generate and /inference/v1/generate vs /v1/completions",
+          ("--sizes", "256,1024", "--min-requests", "4096")),
     Bench("profile_gateway", "Where trioforward's CPU per request goes, layer by layer",
           ("--sizes", "64,8192")),
     Bench("tracing_cost", "Tracing's cost: gateway CPU per request with traces off, on (ratio 1, 0.1) and before tracing",
