@@ -71,7 +71,7 @@ def check_auth(
             if tenant is None:
                 raise _unauthorized("a valid API key is required: X-API-Key: <key>")
             return tenant
-    elif path.startswith("/admin"):
+    elif path.startswith("/admin") or path in ("/add_worker", "/remove_worker"):  # _router_compat
         if settings.admin_token is not None:
             if not _matches(_bearer(header("authorization")), (settings.admin_token,)):
                 raise _unauthorized("the admin token is required: Authorization: Bearer <token>")

@@ -12,6 +12,7 @@ from quart_trio import QuartTrio
 
 from trioforward.server._admin_routes import install_admin_routes, json_response, sampling_sessions
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
+from trioforward.server._router_compat import install_router_routes
 from trioforward.server._state import STATE_KEY, GatewayState, get_state
 
 __all__ = ["install_routes"]
@@ -87,3 +88,4 @@ def install_routes(app: QuartTrio) -> None:
         return json_response({"object": "list", "data": list(seen.values())})
 
     install_admin_routes(app)
+    install_router_routes(app)  # SGLang router's worker routes (slime: _router_compat.py)
