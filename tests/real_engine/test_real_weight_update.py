@@ -91,7 +91,9 @@ def _wait_until_dispatched(
     # sequences into answers, can answer a poll seconds late: the keep pause then
     # came after every request had finished, seen in CI). Not "all in flight at
     # once": the client's threads can start seconds apart on a busy machine, and
-    # the first requests finish before the last are sent (seen: 7 of 16). A request
+    # the first requests finish before the last are sent (seen: 7 of 16; why:
+    # while vLLM's CPU engine decodes a small batch, every other process here
+    # stalls 0.5-0.9 s at a time, measured in test_real_abort.py). A request
     # not yet on the engine when the pause lands is held by vLLM and runs after the
     # resume (docs/operations.md), which a keep pause spans just the same.
     while True:
