@@ -96,8 +96,10 @@ async def _abort(call: Call, wanted: list[str]) -> None:
                 failed = RequestError(503, str(err), type="server_error", code=code)
                 await respond(call.send, 503, failed.body())
                 return
-    # Both engines answer 200 with an empty body, known ids or not.
-    await respond(call.send, 200, b"", b"text/plain")
+    # Both engines answer 200 with an empty body and no content type, known ids or
+    # not (recorded: tokens_abort_unknown_id).
+    await call.send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+    await call.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 ROUTES = {path: Route(_start, empty_body=True) for path in _PARSE}
