@@ -1,6 +1,7 @@
 """vLLM 0.32's token route (``--enable-scale-out``) through the gateway: the same
 answer as the engine gives directly, whole and streamed; the gateway's own
-token-level requests (complete(), Tinker) sent on it; a hang-up aborts the
+token-level requests (complete(), Tinker) sent on it; a hang-up, and an abort by
+the caller's id through the gateway's /inference/v1/abort_requests, abort the
 generation (docs/server.md, "Token routes"; docs/dispatch.md, "Engine dialects")."""
 
 from __future__ import annotations
@@ -101,6 +102,55 @@ def test_a_hang_up_on_the_token_route_aborts_on_vllm(gateway_base: Server, vllm_
     ):
         assert reply.status_code == 200
         next(reply.iter_raw())  # generation has started
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and metric(vllm_base, "vllm:num_requests_running") > 0:
+        time.sleep(0.2)
+    assert metric(vllm_base, "vllm:num_requests_running") == 0
+    assert metric(vllm_base, "vllm:generation_tokens_total") - generated < n * max_tokens
+
+
+def test_an_abort_by_the_callers_id_ends_it_on_vllm(gateway_base: Server, vllm_base: Server) -> None:
+    """POST /inference/v1/abort_requests to the gateway with the caller's request_id
+    ends the generation on vLLM (by the engine-side id the gateway gave the attempt):
+    the stream ends with vLLM's abort, vLLM runs nothing after, fewer tokens decoded."""
+    import threading
+    import time
+
+    from test_real_disconnect import metric
+
+    n, max_tokens = 64, 250
+    generated = metric(vllm_base, "vllm:generation_tokens_total")
+    body = {
+        "model": MODEL,
+        "token_ids": [0, 413],
+        "request_id": "real-abort-1",
+        "sampling_params": {"n": n, "max_tokens": max_tokens, "ignore_eos": True},
+        "stream": True,
+    }
+    started, events = threading.Event(), []
+
+    def read() -> None:
+        with httpx.Client(timeout=120) as client, client.stream(
+            "POST", gateway_base.url + "/inference/v1/generate", json=body
+        ) as reply:
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    started.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(120)  # generation has started
+    with httpx.Client(timeout=120) as client:
+        answer = client.post(
+            gateway_base.url + "/inference/v1/abort_requests", json={"request_ids": ["real-abort-1", "nobody"]}
+        )
+    assert answer.status_code == 200 and answer.content == b""
+    reader.join(120)
+    assert not reader.is_alive() and events[-1] == "[DONE]"
+    finishes = [c["finish_reason"] for e in events[:-1] for c in orjson.loads(e)["choices"] if c["finish_reason"]]
+    assert "abort" in finishes
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and metric(vllm_base, "vllm:num_requests_running") > 0:
         time.sleep(0.2)
