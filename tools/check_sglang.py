@@ -23,7 +23,12 @@ comparable with the engine's own:
    its tokens the engine's own;
 9. ``POST /admin/abort {"request_ids"}`` of a long ``/v1/completions`` ends it
    through ``/abort_request`` by that rid: 200, ``finish_reason: "abort"``,
-   fewer tokens than asked (docs/operations.md, "Over-sampling: cancelling a round's stragglers").
+   fewer tokens than asked (docs/operations.md, "Over-sampling: cancelling a round's stragglers");
+10. ``POST /abort_request {"rid"}`` to the gateway with a long ``/generate``'s own
+    ``rid`` ends it on SGLang by the engine-side id: 200 with an empty body, the
+    answer ``finish_reason.type: "abort"``, fewer tokens than asked, ``meta_info.id``
+    the caller's (docs/server.md, "Token routes");
+11. ``GET /list_workers`` names the gateway (a slime-style abort comes back to it).
 """
 
 from __future__ import annotations
@@ -150,6 +155,25 @@ def main() -> int:
         and len(choice.get("token_ids") or []) < 4000,
         f"{counts[:200]!r} {str(got)[:300]}",
     )
+
+    native = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}, "rid": "check-native"}
+    answer.clear()
+    worker = threading.Thread(target=lambda: answer.append(call("POST", gateway + "/generate", native)))
+    worker.start()
+    time.sleep(1.0)  # decoding by now
+    status, body = call("POST", gateway + "/abort_request", {"rid": "check-native"})
+    worker.join(60)
+    got = json.loads(answer[0][1]) if answer and answer[0][0] == 200 else {}
+    meta = got.get("meta_info") or {}
+    c.check(
+        "/generate abort by the caller's rid",
+        (status, body) == (200, b"") and (meta.get("finish_reason") or {}).get("type") == "abort"
+        and len(got.get("output_ids") or []) < 4000 and meta.get("id") == "check-native",
+        f"{status} {body[:100]!r} {str(got)[:300]}",
+    )
+    status, body = call("GET", gateway + "/list_workers")
+    urls = json.loads(body).get("urls") if status == 200 else None
+    c.check("/list_workers names the gateway", urls == [gateway.rstrip("/")], f"{status} {body[:200]!r}")
     return c.failures
 
 
