@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 import trio
 from gateway_harness import open_gateway, open_sim
 
@@ -151,3 +152,40 @@ async def test_a_tenant_aborts_its_own_requests_only(fd_baseline: int) -> None:
         assert out["a"].json()["meta_info"]["finish_reason"]["type"] == "abort"
         assert out["b"].json()["meta_info"]["finish_reason"]["type"] == "abort"
         assert engine.stats.pause_aborted == 2
+
+
+async def test_a_queued_stream_aborted_by_rid_ends_in_its_route_shape(fd_baseline: int) -> None:
+    async with (
+        open_sim(kind="sglang", decode_ms_per_token=5) as engine,
+        open_sim(scale_out=True, decode_ms_per_token=5) as vllm,
+        open_gateway(engine.url, vllm.url, engine_capacity=1, abort_grace=30.0) as gw,
+    ):
+        await kinds(gw)
+        client = gw.state.client
+        out: dict[str, Any] = {}
+        tok = {"token_ids": [1, 2], "sampling_params": {"max_tokens": LONG}}
+        async with httpx.AsyncClient(base_url=gw.url, timeout=None) as http, trio.open_nursery() as nursery:
+            nursery.start_soon(post, http, out, "run", "/generate", gen("run"))
+            nursery.start_soon(post, http, out, "vrun", "/inference/v1/generate", {**tok, "request_id": "vrun"})
+            await until(lambda: engine.stats.running == 1 and vllm.stats.running == 1)
+            nursery.start_soon(post, http, out, "q", "/generate", gen("q", stream=True, input_ids=[[1], [2]]))
+            nursery.start_soon(
+                post, http, out, "vq", "/inference/v1/generate", {**tok, "request_id": "vq", "stream": True}
+            )
+            await until(lambda: client.statistics().queued == 2)
+            await http.post("/abort_request", json={"rid": "q"})
+            await http.post("/inference/v1/abort_requests", json={"request_ids": ["vq"]})
+            await until(lambda: "q" in out and "vq" in out)
+            await http.post("/abort_request", json={"abort_all": True})
+            await http.post("/inference/v1/abort_requests", json={"request_ids": ["vrun"]})
+        events = [e for e in out["q"].content.split(b"\n\n") if e]
+        assert out["q"].status_code == 200 and events[-1] == b"data: [DONE]"
+        items = [orjson.loads(e[6:]) for e in events[:-1]]
+        assert [(i["index"], i["meta_info"]["id"], i["output_ids"]) for i in items] == [(0, "q_0", []), (1, "q_1", [])]
+        assert {i["meta_info"]["finish_reason"]["type"] for i in items} == {"abort"}
+        vevents = [e for e in out["vq"].content.split(b"\n\n") if e]
+        assert vevents[-1] == b"data: [DONE]"
+        (choice,) = orjson.loads(vevents[0][6:])["choices"]
+        assert orjson.loads(vevents[0][6:])["request_id"] == "generate-tokens-vq"
+        assert choice["finish_reason"] == "abort" and choice["token_ids"] == []
+        assert engine.stats.by_path["/generate"] == 1 and vllm.stats.by_path["/inference/v1/generate"] == 2  # + the kind probe

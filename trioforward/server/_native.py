@@ -104,7 +104,7 @@ def _start(call: Call) -> Awaitable[None]:
         return path, with_rid(call.body, rid)
 
     forward_kw["render"] = render
-    transform = _restore(caller, sent)
+    transform = _restore(caller, sent, log.request_id or "")
     relay = relay_stream if data.get("stream") else forward
     work = relay(state, path, forward_kw, call.send, log, transform)
     return _served(call, kind, work, _caller_ids(caller, prompt, batch))
@@ -160,13 +160,20 @@ async def _served(call: Call, kind: str, work: Coroutine[Any, Any, None], ids: l
     await respond(call.send, 404, err.body())
 
 
-def _restore(caller: Any, sent: list[str]) -> Callable[[bytes], bytes] | None:
+def _restore(caller: Any, sent: list[str], request_id: str) -> Callable[[bytes], bytes] | None:
     """The answer bytes with the last attempt's engine-side id put back as the
     caller's (None: the caller gave none, the engine's stays). The id is unique
     (``<request id>.<attempt>``), so a byte replace touches nothing else; the
-    relay applies it to whole events only."""
+    relay applies it to whole events only. A request aborted before any attempt
+    answers with the gateway's request id in vLLM's ``generate-tokens-<id>``
+    (dispatch/_abort_answer_native.py): the caller's goes there."""
     if isinstance(caller, str) and caller:
-        return lambda data: data.replace(sent[-1].encode(), caller.encode()) if sent else data
+        unsent = (f'"generate-tokens-{request_id}"'.encode(), f'"generate-tokens-{caller}"'.encode())
+
+        def one(data: bytes) -> bytes:
+            return data.replace(sent[-1].encode(), caller.encode()) if sent else data.replace(*unsent)
+
+        return one
     if isinstance(caller, list):
 
         def per_item(data: bytes) -> bytes:
