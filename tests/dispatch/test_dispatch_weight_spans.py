@@ -69,3 +69,25 @@ def test_with_span_inserts_after_each_token_list_only() -> None:
     assert with_span(labelled, "v3") == labelled
     nulls = b'{"choices":[{"token_ids":null}]}'
     assert with_span(nulls, "v3") == nulls
+
+
+async def test_a_stream_under_one_version_labels_each_choices_last_event(fd_baseline: int) -> None:
+    async with open_engine() as engine, client_for(engine) as client:
+        ask = body(prompt=[1, 2, 3], max_tokens=5, seed=3, n=2, return_token_ids=True, stream=True)
+
+        async def events() -> list[dict[str, Any]]:
+            async with client.stream(COMPLETION, json=ask) as fs:
+                data = await fs.aread()
+            assert data.endswith(b"data: [DONE]\n\n")
+            return [orjson.loads(e[6:]) for e in data.split(b"\n\n") if e and e != b"data: [DONE]"]
+
+        before = await events()  # no version recorded yet
+        assert all("weight_versions" not in c for e in before for c in e["choices"])
+        await client.resume(weight_version="v7")
+        chunks = [c for e in await events() for c in e["choices"]]
+        for index in (0, 1):
+            mine = [c for c in chunks if c["index"] == index]
+            assert sum(len(c["token_ids"]) for c in mine) == 5
+            assert mine[-1]["finish_reason"] == "length"
+            assert mine[-1]["weight_versions"] == [{"version": "v7", "start": 0, "end": 5}]
+            assert all("weight_versions" not in c for c in mine[:-1])

@@ -36,6 +36,7 @@ from trioforward.dispatch._continue_substream import (
 )
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
+from trioforward.dispatch._stream_spans import StreamSpans
 from trioforward.errors import DispatchAborted, TrioforwardError
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ async def continuing_events(
     past an abort pause with ``replay="continue"``. Raises the dispatch errors of a
     continuation, :class:`DispatchAborted` when it cannot be continued."""
     seen = _Seen(req)  # events relayed: kept, folded into token lists past FOLD_BYTES
+    spans = StreamSpans(req, dispatcher) if StreamSpans.wanted(req, dispatcher) else None
     held: list[bytes] = []
     partial = b""
     async for chunk in source:
@@ -75,6 +77,8 @@ async def continuing_events(
             if not block:
                 continue
         seen.add(block)
+        if spans is not None:
+            block = spans.block(block)
         yield hide_token_ids(block) if req.asked_ids else block
     if not held:
         if partial and not req.aborted_by_call:  # an abort call's cut: dropped
