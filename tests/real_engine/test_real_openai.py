@@ -19,10 +19,17 @@ def client(server: Server) -> openai.OpenAI:
 
 
 def same_answer(via_gateway: Any, direct: Any) -> None:
-    """Equal but for the response id and time; logprobs to float32 precision."""
+    """Equal but for the response id and time and the gateway's one addition (a
+    choice's ``weight_versions`` span over its token ids, when the caller asked for
+    them and the gateway has recorded a version; docs/operations.md); logprobs to
+    float32 precision."""
     mine, theirs = via_gateway.model_dump(), direct.model_dump()
     for body in (mine, theirs):
         body.pop("id"), body.pop("created")
+    for choice in mine.get("choices", []):
+        if "weight_versions" in choice and "weight_versions" not in (theirs["choices"][0] or {}):
+            (span,) = choice.pop("weight_versions")
+            assert (span["start"], span["end"]) == (0, len(choice["token_ids"]))
     _close(mine, theirs)
 
 
