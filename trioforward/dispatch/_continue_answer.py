@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import trio
 
 from trioforward.dispatch._continue import (
     CONTINUABLE_PATH,
@@ -19,9 +18,10 @@ from trioforward.dispatch._continue import (
     joined_answer,
     warn_no_token_ids,
 )
+from trioforward.dispatch._continuing import continue_each, count_continuation
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
-from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
+from trioforward.errors import DispatchAborted, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
@@ -66,23 +66,11 @@ async def continued_answer(dispatcher: Dispatcher, req: Request, reply: Reply) -
         budget = DEFAULT_MAX_TOKENS  # pinned: never the engine's default for a longer prompt
     counts.answers += 1
     counts.tokens_kept += sum(len(g.tokens) for g in aborted)
-    failure: list[Reply] = []
-    errors: list[TrioforwardError] = []
-
-    async def one(gen: Generation) -> None:
-        try:
-            await continue_choice(dispatcher, req, body, gen, budget, failure)
-        except TrioforwardError as exc:
-            errors.append(exc)
-            nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        for gen in aborted:
-            nursery.start_soon(one, gen)
-    if errors:
-        raise errors[0]
-    if failure:
-        return failure[0]
+    refused = await continue_each(
+        aborted, lambda gen, failure: continue_choice(dispatcher, req, body, gen, budget, failure)
+    )
+    if refused is not None:
+        return refused
     ids = not req.asked_ids
     content = joined_answer(doc, gens, ids)
     return Reply(reply.engine, reply.status, reply.headers, content, None, reply.deadline)
@@ -101,22 +89,13 @@ async def continue_choice(
     fields) until it ends other than by an abort pause, to ``path`` (default the
     request's); a non-2xx answer other than a length refusal goes to
     ``failure``. Raises :class:`DispatchAborted` past ``max_continuations``."""
-    limit = dispatcher.settings.max_continuations
     counts = dispatcher.continued
     while True:
         left = budget - len(gen.tokens)
         if left <= 0:
             gen.end("length")
             return
-        if gen.continuations >= limit:
-            raise req.stamp(
-                DispatchAborted(
-                    f"continued {limit} times after abort pauses (max_continuations)",
-                    phase=req.phase,
-                )
-            )
-        gen.continuations += 1
-        counts.continuations += 1
+        count_continuation(dispatcher, req, gen)
         sub = derived(req, continuation_body(body, gen, left), path)
         try:
             if req.trace is None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import trio
 
 from trioforward.dispatch._continue import (
     CONTINUABLE_PATH,
@@ -36,9 +35,9 @@ from trioforward.dispatch._continue import (
     warn_no_token_ids,
 )
 from trioforward.dispatch._continue_answer import continue_choice
+from trioforward.dispatch._continuing import continue_each
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
-from trioforward.errors import TrioforwardError
 
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
@@ -138,25 +137,14 @@ async def continued_chat(dispatcher: Dispatcher, req: Request, reply: Reply) -> 
         tokens_body["logprobs"] = max(k, 1)
     counts.answers += 1
     counts.tokens_kept += sum(len(g.tokens) for g in aborted)
-    failure: list[Reply] = []
-    errors: list[TrioforwardError] = []
-
-    async def one(gen: Generation) -> None:
-        try:
-            await continue_choice(
-                dispatcher, req, tokens_body, gen, budget, failure, CONTINUABLE_PATH
-            )
-        except TrioforwardError as exc:
-            errors.append(exc)
-            nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        for gen in aborted:
-            nursery.start_soon(one, gen)
-    if errors:
-        raise errors[0]
-    if failure:
-        return failure[0]
+    refused = await continue_each(
+        aborted,
+        lambda gen, failure: continue_choice(
+            dispatcher, req, tokens_body, gen, budget, failure, CONTINUABLE_PATH
+        ),
+    )
+    if refused is not None:
+        return refused
     content = _joined(doc, gens, k, not req.asked_ids)
     return Reply(reply.engine, reply.status, reply.headers, content, None, reply.deadline)
 

@@ -38,14 +38,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import trio
 
 from trioforward.dispatch._continue import derived, is_length_refusal, warn_no_token_ids
 from trioforward.dispatch._continue_answer import absorb
 from trioforward.dispatch._continue_shapes import NATIVE_PATHS, SGLANG, Sequence, Sglang, Vllm
+from trioforward.dispatch._continuing import continue_each, count_continuation
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
-from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
+from trioforward.errors import DispatchAborted, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
@@ -77,23 +77,11 @@ async def continued_native(dispatcher: Dispatcher, req: Request, reply: Reply) -
         return None
     counts.answers += 1
     counts.tokens_kept += sum(len(s.tokens) for s in aborted)
-    failure: list[Reply] = []
-    errors: list[TrioforwardError] = []
-
-    async def one(seq: Sequence) -> None:
-        try:
-            await _continue(dispatcher, req, route, body, seq, failure)
-        except TrioforwardError as exc:
-            errors.append(exc)
-            nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        for seq in aborted:
-            nursery.start_soon(one, seq)
-    if errors:
-        raise errors[0]
-    if failure:
-        return failure[0]
+    refused = await continue_each(
+        aborted, lambda seq, failure: _continue(dispatcher, req, route, body, seq, failure)
+    )
+    if refused is not None:
+        return refused
     content = route.joined(doc, seqs)
     return Reply(reply.engine, reply.status, reply.headers, content, None, reply.deadline)
 
@@ -106,7 +94,6 @@ async def _continue(
     seq: Sequence,
     failure: list[Reply],
 ) -> None:
-    limit = dispatcher.settings.max_continuations
     counts = dispatcher.continued
     path = req.url_path
     while True:
@@ -114,15 +101,7 @@ async def _continue(
         if isinstance(left, int) and left <= 0:
             route.end_length(seq)
             return
-        if seq.continuations >= limit:
-            raise req.stamp(
-                DispatchAborted(
-                    f"continued {limit} times after abort pauses (max_continuations)",
-                    phase=req.phase,
-                )
-            )
-        seq.continuations += 1
-        counts.continuations += 1
+        count_continuation(dispatcher, req, seq)
         sub_body = route.body(body, seq, left)
         sub = derived(req, orjson.dumps(sub_body))
         sub.only = req.only

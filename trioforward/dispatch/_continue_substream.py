@@ -19,6 +19,7 @@ import trio
 from trioforward import Phase
 from trioforward.dispatch._continue import Generation, continuation_body, derived, is_length_refusal
 from trioforward.dispatch._continue_answer import absorb
+from trioforward.dispatch._continuing import count_continuation
 from trioforward.dispatch._outcome import Reply, gateway_error
 from trioforward.dispatch._request import Request
 from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
@@ -113,7 +114,6 @@ async def _stream_choice(
     """Send ``gen`` again as a stream until it ends other than by an abort pause,
     relaying its events to ``send`` as they come (``index`` kept, ``text_offset``
     carried on, ``weight_versions`` on its last event)."""
-    limit = dispatcher.settings.max_continuations
     counts = dispatcher.continued
     ids = not req.asked_ids
     while True:
@@ -122,15 +122,7 @@ async def _stream_choice(
             gen.end("length")
             await send.send(sse_event(head, gen.tail(ids), index))
             return
-        if gen.continuations >= limit:
-            raise req.stamp(
-                DispatchAborted(
-                    f"continued {limit} times after abort pauses (max_continuations)",
-                    phase=req.phase,
-                )
-            )
-        gen.continuations += 1
-        counts.continuations += 1
+        count_continuation(dispatcher, req, gen)
         sub = derived(req, continuation_body(body, gen, left, stream=True))
         sub.streaming = True
         before = len(gen.tokens)

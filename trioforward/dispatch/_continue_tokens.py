@@ -16,14 +16,14 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import trio
 
 from trioforward.codec import CodecError, Completion
 from trioforward.dispatch import _dialect_completions
 from trioforward.dispatch._continue import derived, is_length_refusal, warn_no_token_ids
+from trioforward.dispatch._continuing import continue_each, count_continuation
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
-from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
+from trioforward.errors import DispatchAborted, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
@@ -105,23 +105,11 @@ async def continued_tokens(
         return None
     counts.answers += 1
     counts.tokens_kept += sum(len(c.tokens) for c in aborted)
-    errors: list[TrioforwardError] = []
-    failure: list[Reply] = []
-
-    async def one(choice: _Choice) -> None:
-        try:
-            await _continue(dispatcher, req, choice, failure)
-        except TrioforwardError as exc:
-            errors.append(exc)
-            nursery.cancel_scope.cancel()
-
-    async with trio.open_nursery() as nursery:
-        for choice in aborted:
-            nursery.start_soon(one, choice)
-    if errors:
-        raise errors[0]
-    if failure:
-        return failure[0]
+    refused = await continue_each(
+        aborted, lambda choice, failure: _continue(dispatcher, req, choice, failure)
+    )
+    if refused is not None:
+        return refused
     use = dict(completion.usage)
     generated = sum(len(c.tokens) for c in choices)
     prompt = int(use.get("prompt_tokens") or len(base.prompt))
@@ -142,20 +130,12 @@ async def _continue(dispatcher: Dispatcher, req: Request, choice: _Choice, failu
 
     render: Any = req.render
     base = render.request
-    limit = dispatcher.settings.max_continuations
     while True:
         left = base.max_tokens - len(choice.tokens)
         if left <= 0:
             choice.finish, choice.stop = "length", None
             return
-        if choice.continuations >= limit:
-            raise req.stamp(
-                DispatchAborted(
-                    f"continued {limit} times after abort pauses (max_continuations)", phase=req.phase
-                )
-            )
-        choice.continuations += 1
-        dispatcher.continued.continuations += 1
+        count_continuation(dispatcher, req, choice)
         token_req = dataclasses.replace(
             base, prompt=choice.prompt + choice.tokens, max_tokens=left, n=1, request_id=None,
             prompt_logprobs=False, extra=dict(base.extra),
