@@ -18,15 +18,14 @@ from trioforward.dispatch._continue import (
     joined_answer,
     warn_no_token_ids,
 )
-from trioforward.dispatch._continuing import continue_each, count_continuation
+from trioforward.dispatch._continuing import continue_each, count_continuation, send_continuation
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
-from trioforward.errors import DispatchAborted, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
 
-__all__ = ["continued_answer", "continue_choice", "absorb"]
+__all__ = ["continued_answer", "continue_choice"]
 
 
 async def continued_answer(dispatcher: Dispatcher, req: Request, reply: Reply) -> Reply | None:
@@ -97,19 +96,9 @@ async def continue_choice(
             return
         count_continuation(dispatcher, req, gen)
         sub = derived(req, continuation_body(body, gen, left), path)
-        try:
-            if req.trace is None:
-                answer = await dispatcher.request(sub)
-            else:  # a span of its own (docs/operations.md, "End-to-end traces")
-                answer = await req.trace.continuation(
-                    sub, gen.continuations, len(gen.tokens), dispatcher.request(sub)
-                )
-        except (DispatchAborted, UpstreamBroken):
-            absorb(req, sub)
-            if not sub.replay:
-                raise
+        answer = await send_continuation(dispatcher, req, sub, gen)
+        if answer is None:
             continue  # ended by a pause before any token came back: send it again
-        absorb(req, sub)
         if is_length_refusal(answer.status, answer.content):
             gen.end("length")  # prompt + tokens so far no longer fit the model
             return
@@ -131,12 +120,3 @@ async def continue_choice(
         if choice.get("finish_reason") != "abort" or sub.replay is None:
             return
         counts.tokens_kept += len(choice["token_ids"])
-
-
-def absorb(req: Request, sub: Request) -> None:
-    """Count a continuation's attempts and times in the caller's request."""
-    req.attempts += sub.attempts
-    req.queue_time += sub.queue_time
-    req.engine_time += sub.engine_time
-    if sub.retries:
-        req.retries = [*(req.retries or ()), *sub.retries]

@@ -40,12 +40,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from trioforward.dispatch._continue import derived, is_length_refusal, warn_no_token_ids
-from trioforward.dispatch._continue_answer import absorb
 from trioforward.dispatch._continue_shapes import NATIVE_PATHS, SGLANG, Sequence, Sglang, Vllm
-from trioforward.dispatch._continuing import continue_each, count_continuation
+from trioforward.dispatch._continuing import continue_each, count_continuation, send_continuation
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
-from trioforward.errors import DispatchAborted, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
@@ -110,19 +108,9 @@ async def _continue(
                 path,
                 orjson.dumps({**b, "rid": engine_id}),
             )
-        try:
-            if req.trace is None:
-                answer = await dispatcher.request(sub)
-            else:  # a span of its own (docs/operations.md, "End-to-end traces")
-                answer = await req.trace.continuation(
-                    sub, seq.continuations, len(seq.tokens), dispatcher.request(sub)
-                )
-        except (DispatchAborted, UpstreamBroken):
-            absorb(req, sub)
-            if not sub.replay:
-                raise
+        answer = await send_continuation(dispatcher, req, sub, seq)
+        if answer is None:
             continue  # ended by a pause before any token came back: send it again
-        absorb(req, sub)
         if is_length_refusal(answer.status, answer.content):
             route.end_length(seq)  # prompt + tokens so far no longer fit the model
             return

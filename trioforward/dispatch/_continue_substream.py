@@ -18,8 +18,7 @@ import trio
 
 from trioforward import Phase
 from trioforward.dispatch._continue import Generation, continuation_body, derived, is_length_refusal
-from trioforward.dispatch._continue_answer import absorb
-from trioforward.dispatch._continuing import count_continuation
+from trioforward.dispatch._continuing import absorb, count_continuation
 from trioforward.dispatch._outcome import Reply, gateway_error
 from trioforward.dispatch._request import Request
 from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken

@@ -20,10 +20,9 @@ import orjson
 from trioforward.codec import CodecError, Completion
 from trioforward.dispatch import _dialect_completions
 from trioforward.dispatch._continue import derived, is_length_refusal, warn_no_token_ids
-from trioforward.dispatch._continuing import continue_each, count_continuation
+from trioforward.dispatch._continuing import continue_each, count_continuation, send_continuation
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
-from trioforward.errors import DispatchAborted, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
@@ -143,14 +142,9 @@ async def _continue(dispatcher: Dispatcher, req: Request, choice: _Choice, failu
         content = _dialect_completions.render(token_req, "")[1]
         sub = derived(req, content)
         sub_render = sub.render = Rendering(token_req, content)
-        try:
-            answer = await dispatcher.request(sub)
-        except (DispatchAborted, UpstreamBroken):
-            _absorb(req, sub)
-            if not sub.replay:
-                raise
-            continue
-        _absorb(req, sub)
+        answer = await send_continuation(dispatcher, req, sub, choice)
+        if answer is None:
+            continue  # ended by a pause before any token came back: send it again
         if is_length_refusal(answer.status, answer.content):
             choice.finish, choice.stop = "length", None
             return
@@ -169,9 +163,3 @@ async def _continue(dispatcher: Dispatcher, req: Request, choice: _Choice, failu
         if got.finish_reason != "abort" or sub.replay is None:
             return
         dispatcher.continued.tokens_kept += len(got.tokens)
-
-
-def _absorb(req: Request, sub: Request) -> None:
-    req.attempts += sub.attempts
-    req.queue_time += sub.queue_time
-    req.engine_time += sub.engine_time

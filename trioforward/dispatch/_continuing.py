@@ -15,7 +15,7 @@ import trio
 
 from trioforward.dispatch._outcome import Reply
 from trioforward.dispatch._request import Request
-from trioforward.errors import DispatchAborted, TrioforwardError
+from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch._dispatch import Dispatcher
@@ -62,3 +62,38 @@ def count_continuation(dispatcher: Dispatcher, req: Request, piece: Any) -> None
         )
     piece.continuations += 1
     dispatcher.continued.continuations += 1
+
+
+async def send_continuation(
+    dispatcher: Dispatcher, req: Request, sub: Request, piece: Any
+) -> Reply | None:
+    """Dispatch ``sub``, one continuation of ``piece`` for the caller's ``req``
+    (in a trace span of its own when ``req`` is traced: docs/operations.md,
+    "End-to-end traces"), its attempts and times counted in ``req``.
+
+    Returns its answer, whatever its status, or None when a pause ended it
+    before any token came back and it is to be sent again. Raises
+    :class:`DispatchAborted` / :class:`UpstreamBroken` when it is not."""
+    try:
+        if req.trace is None:
+            answer = await dispatcher.request(sub)
+        else:
+            answer = await req.trace.continuation(
+                sub, piece.continuations, len(piece.tokens), dispatcher.request(sub)
+            )
+    except (DispatchAborted, UpstreamBroken):
+        absorb(req, sub)
+        if not sub.replay:
+            raise
+        return None
+    absorb(req, sub)
+    return answer
+
+
+def absorb(req: Request, sub: Request) -> None:
+    """Count a continuation's attempts, times and retries in the caller's request."""
+    req.attempts += sub.attempts
+    req.queue_time += sub.queue_time
+    req.engine_time += sub.engine_time
+    if sub.retries:
+        req.retries = [*(req.retries or ()), *sub.retries]
