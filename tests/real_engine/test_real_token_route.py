@@ -115,7 +115,7 @@ def test_an_abort_by_the_callers_id_ends_it_on_vllm(gateway_base: Server, vllm_b
     the stream ends with vLLM's abort, vLLM runs nothing after, fewer tokens decoded.
 
     The stream is sent while vLLM's scheduler is held (``POST /pause?mode=keep`` on
-    vLLM itself) and the abort goes out once vLLM decodes it, not once the stream's
+    vLLM itself) and the abort goes out as soon as vLLM is resumed, not once the stream's
     first event arrives: vLLM coalesces stream events, and while its CPU engine
     decodes, the machine stalls the test's threads for 0.5-0.9 s at a time (the
     measurement is in test_real_abort.py), so a first event could come after most
@@ -167,8 +167,9 @@ def _abort_round(gateway_base: Server, vllm_base: Server, request_id: str) -> bo
         finally:
             resumed = admin.post(vllm_base.url + "/resume")
         assert resumed.status_code == 200, resumed.text
-        while _generated(admin, vllm_base) <= generated and reader.is_alive():
-            time.sleep(0.05)
+        # At once: the stream is on vLLM, its 250 steps of 64 sequences ahead. Not
+        # once vLLM's /metrics shows it decoding: a loaded vLLM answered that poll
+        # after the generation had finished (3 rounds in a row, seen here).
         answer = admin.post(
             gateway_base.url + "/inference/v1/abort_requests", json={"request_ids": [request_id, "nobody"]}
         )
