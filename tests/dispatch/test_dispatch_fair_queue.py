@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 import pytest
@@ -189,35 +189,43 @@ def test_weights_three_to_one_hold_on_few_slots_and_the_heaps_stay_small(
         for t in (heavy, light):
             order.push(t, (t.name, i), None)
     served = _slots(order, slots, 10000, shuffled=shuffled)
-    # Fewest running alone would hold 1:1 on 2 slots (and 7:3 on 10): SFQ
-    # shares out what whole slots cannot.
+    # 3:1 on 2 slots too: whole slots cannot state it at any moment, SFQ's
+    # grants do over time.
     # Shuffled: the time average of the slots held, 3:1 give or take the
     # randomness of which slot frees (seeded: SFQ alone spreads as much).
     low, high = (2.8, 3.2) if shuffled else (2.85, 3.15)
     assert low <= served["heavy"] / served["light"] <= high, served
-    # Stale entries are dropped: each heap holds a few entries per tenant.
-    assert len(order._heap) <= 2 * 2 + 8 and len(order._run_heap) <= 2 * 2 + 8
+    # Stale entries are dropped: the heap holds a few entries per tenant.
+    assert len(order._heap) <= 2 * 2 + 8
 
 
-def test_fewest_running_first_then_each_keeps_its_freed_slots() -> None:
+@pytest.mark.parametrize("counted", [True, False])
+def test_a_newcomer_takes_as_many_slots_as_the_flood_held_then_they_alternate(
+    counted: bool,
+) -> None:
     flood, late = Tenant("flood"), Tenant("late")
-    order: FairOrder[Any] = FairOrder(counted=True)
+    TENANT_OF.update(flood=flood, late=late)
+    order: FairOrder[Any] = FairOrder(counted=counted)
     for i in range(100):
         order.push(flood, ("flood", i), None)
-    running = [order.pop()[0][0] for _ in range(8)]
-    assert order.running(flood) == 8
-    for i in range(10):
+    holders = deque(order.pop()[0][0] for _ in range(8))
+    assert list(holders) == ["flood"] * 8 and order.running(flood) == 8
+    for i in range(20):
         order.push(late, ("late", i), None)
     got = []
-    for _ in range(4):  # four of the flood's slots free: all four go to the newcomer
-        order.ended(flood)
+    for _ in range(12):  # the slot held longest frees, and goes to the next one
+        order.ended(TENANT_OF[holders.popleft()])
         got.append(order.pop()[0][0])
-    assert got == ["late"] * 4 and order.running(late) == order.running(flood) == 4
-    order.ended(flood)
-    assert order.pop()[0][0] == "flood"  # its own slot back: late runs its share already
-    order.ended(late)
-    assert order.pop()[0][0] == "late"
-    assert running == ["flood"] * 8
+        holders.append(got[-1])
+    if counted:
+        # The eight the flood held at the newcomer's arrival count as the
+        # flood's lead: the next eight freed slots go to the newcomer, then the
+        # two alternate (a tie goes to the flow backlogged first).
+        assert got == ["late"] * 8 + ["flood", "late", "flood", "late"], got
+    else:
+        # Plain SFQ charges the flood for its slots when it takes them: the
+        # newcomer starts level and gets every other slot.
+        assert got == ["flood", "late"] * 6, got
 
 
 def test_an_idle_tenant_without_credit_is_forgotten() -> None:
@@ -231,7 +239,35 @@ def test_an_idle_tenant_without_credit_is_forgotten() -> None:
     assert not order._flows
 
 
-def test_fewest_running_stays_within_the_highest_class() -> None:
+def test_a_tenant_that_comes_and_goes_stays_level_with_the_flood() -> None:
+    # Each time eval comes back the flood holds every slot (eval's freed slots
+    # went to it): that is the flood's lead again, and no more than that.
+    flood, eval_ = Tenant("flood"), Tenant("eval")
+    TENANT_OF.update(flood=flood, eval=eval_)
+    order: FairOrder[Any] = FairOrder(counted=True)
+    for i in range(100):
+        order.push(flood, ("flood", i), None)
+    holders = deque(order.pop()[0][0] for _ in range(8))
+    served = Counter(holders)
+    for round_ in range(3):  # eval sends 8, they run, they end, eval sends 8 again
+        for i in range(8):
+            order.push(eval_, ("eval", (round_, i)), None)
+        got = []
+        for _ in range(8):
+            order.ended(TENANT_OF[holders.popleft()])
+            got.append(order.pop()[0][0])
+            holders.append(got[-1])
+        served.update(got)
+        assert got == ["eval"] * 8, (round_, got)
+        assert served["eval"] == served["flood"] == 8 * (round_ + 1)
+        while order.running(eval_):  # eval's requests end; the flood takes their slots
+            order.ended(eval_)
+            holders.remove("eval")
+            holders.append(order.pop()[0][0])
+            served["flood"] += 1
+
+
+def test_a_newcomers_lead_stays_within_its_class() -> None:
     # A lower class running nothing does not pass a higher class running plenty.
     high, low = Tenant("high", priority=1), Tenant("low")
     order: FairOrder[Any] = FairOrder(counted=True)

@@ -5,10 +5,11 @@ classes first, FIFO within a tenant (docs/dispatch.md, "Tenants and fair queuein
 ``total_tokens`` requests run at once; a request that finds no free token parks
 in its tenant's *flow* (one FIFO per tenant on this engine) and a token coming
 back is handed straight to the next request by the fair order
-(:class:`~trioforward.dispatch._fair_order.FairOrder`, counted: fewest running
-first, start-time fair queueing otherwise). The queue counts each tenant's
-requests holding one of *this engine's* slots: every take and every give-back
-names the tenant.
+(:class:`~trioforward.dispatch._fair_order.FairOrder`, counted: start-time fair
+queueing whose virtual time counts the requests running as not yet served, so
+a tenant arriving behind a flood takes the flood's held slots' worth first).
+The queue counts each tenant's requests holding one of *this engine's* slots:
+every take and every give-back names the tenant.
 
 Cancellation: a parked request that is cancelled (queue deadline, drain, re-route,
 its caller) leaves its flow at once (O(1)). ``hand_over`` gives a parked request
