@@ -284,3 +284,26 @@ def test_a_newcomers_lead_stays_within_its_class() -> None:
     assert served == ["high"] * 12 and order.running(low) == 0
     order.ended(high)
     assert order.pop()[0][0] == "low"  # the higher class has nothing queued any more
+
+
+def test_what_a_tenant_ran_uncontested_is_no_credit_to_a_later_one() -> None:
+    # "low" runs alone in its class for long while a higher class keeps the
+    # order non-empty; a later tenant of its class gets a lead of what "low"
+    # holds then (4), not of everything it ran (40).
+    high, low, later = Tenant("high", priority=1), Tenant("low"), Tenant("later")
+    order: FairOrder[Any] = FairOrder(counted=True)
+    order.push(high, ("high", 0), None)  # parked: the order is never empty below
+    for _ in range(40):
+        order.started(low)
+        if order.running(low) > 4:
+            order.ended(low)
+    assert order.running(low) == 4
+    for i in range(10):
+        order.push(later, ("later", i), None)
+        order.push(low, ("low", i), None)
+    assert order.pop()[0][0] == "high"
+    got = []
+    for _ in range(8):
+        order.ended(low)
+        got.append(order.pop()[0][0])
+    assert got[:4] == ["later"] * 4 and got[4:].count("low") == 2, got

@@ -144,9 +144,11 @@ class FairOrder(Generic[K]):
         if flow.entry >= 0:
             return
         cls = flow.cls
-        if not self._count and self.counted:
-            # Nothing is queued: the virtual time follows the work finished, so
-            # that a tenant running alone for long does not build a lead.
+        if self.counted and (not self._count or self._top().cls is not cls):
+            # Nothing of its class is queued (or only behind another class):
+            # the virtual time follows the work finished, so that a tenant
+            # arriving later gets no credit for what this one ran uncontested,
+            # only for what it holds then.
             cls.vtime = max(cls.vtime, flow.finish - flow.running * flow.cost)
         if not flow.running and flow.finish <= cls.vtime:
             # Idle, and its finish tag is no credit: forgotten (a request built
