@@ -199,24 +199,38 @@ def test_weights_three_to_one_hold_on_few_slots_and_the_heaps_stay_small(
     assert len(order._heap) <= 2 * 2 + 8
 
 
-@pytest.mark.parametrize("counted", [True, False])
-def test_a_newcomer_takes_as_many_slots_as_the_flood_held_then_they_alternate(
-    counted: bool,
-) -> None:
-    flood, late = Tenant("flood"), Tenant("late")
-    TENANT_OF.update(flood=flood, late=late)
+def _flooded(counted: bool = True) -> tuple[FairOrder[Any], deque[str]]:
+    """An order of 8 slots all held by tenant "flood", which has 92 more queued;
+    and who holds the slots, longest first."""
+    flood = TENANT_OF["flood"] = Tenant("flood")
     order: FairOrder[Any] = FairOrder(counted=counted)
     for i in range(100):
         order.push(flood, ("flood", i), None)
     holders = deque(order.pop()[0][0] for _ in range(8))
     assert list(holders) == ["flood"] * 8 and order.running(flood) == 8
-    for i in range(20):
-        order.push(late, ("late", i), None)
+    return order, holders
+
+
+def _turn(order: FairOrder[Any], holders: deque[str], count: int) -> list[str]:
+    """``count`` times: the slot held longest frees and goes to the next in order;
+    who got them."""
     got = []
-    for _ in range(12):  # the slot held longest frees, and goes to the next one
+    for _ in range(count):
         order.ended(TENANT_OF[holders.popleft()])
         got.append(order.pop()[0][0])
         holders.append(got[-1])
+    return got
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_a_newcomer_takes_as_many_slots_as_the_flood_held_then_they_alternate(
+    counted: bool,
+) -> None:
+    order, holders = _flooded(counted)
+    late = TENANT_OF["late"] = Tenant("late")
+    for i in range(20):
+        order.push(late, ("late", i), None)
+    got = _turn(order, holders, 12)
     if counted:
         # The eight the flood held at the newcomer's arrival count as the
         # flood's lead: the next eight freed slots go to the newcomer, then the
@@ -242,21 +256,13 @@ def test_an_idle_tenant_without_credit_is_forgotten() -> None:
 def test_a_tenant_that_comes_and_goes_stays_level_with_the_flood() -> None:
     # Each time eval comes back the flood holds every slot (eval's freed slots
     # went to it): that is the flood's lead again, and no more than that.
-    flood, eval_ = Tenant("flood"), Tenant("eval")
-    TENANT_OF.update(flood=flood, eval=eval_)
-    order: FairOrder[Any] = FairOrder(counted=True)
-    for i in range(100):
-        order.push(flood, ("flood", i), None)
-    holders = deque(order.pop()[0][0] for _ in range(8))
+    order, holders = _flooded()
+    eval_ = TENANT_OF["eval"] = Tenant("eval")
     served = Counter(holders)
     for round_ in range(3):  # eval sends 8, they run, they end, eval sends 8 again
         for i in range(8):
             order.push(eval_, ("eval", (round_, i)), None)
-        got = []
-        for _ in range(8):
-            order.ended(TENANT_OF[holders.popleft()])
-            got.append(order.pop()[0][0])
-            holders.append(got[-1])
+        got = _turn(order, holders, 8)
         served.update(got)
         assert got == ["eval"] * 8, (round_, got)
         assert served["eval"] == served["flood"] == 8 * (round_ + 1)
