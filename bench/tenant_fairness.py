@@ -262,9 +262,11 @@ async def _flood_and_late(url: str | list[str], args: argparse.Namespace, keys: 
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
         flood = asyncio.ensure_future(tenant(0, args.flood, seed0, a))
         if getattr(args, "arrived", False):
+            started = time.monotonic()
             await asyncio.sleep(0.5)
             await _flood_in(session, urls, args.flood, lambda: sum(
                 len(part.get("queue", ())) + part.get("errors", 0) for part in _parts(a)))
+            a["flood_in_s"] = time.monotonic() - started
         await asyncio.sleep(1.0)
         await tenant(1, args.late, seed0 + args.flood, b)
         await flood
@@ -349,6 +351,8 @@ def _run_one(name: str, args: argparse.Namespace, engines: list[str], folder: Pa
     row: dict[str, Any] = {"scenario": name, "requests": requests, "wall_s": round(wall, 3),
                            "gateway_cpu_us_per_request": round(cpu / requests * 1e6, 1),
                            "errors": sum(v["errors"] for v in got.values())}
+    if "flood_in_s" in got.get("a", {}):  # how long A's flood took to reach the gateway
+        row["flood_in_s"] = round(got["a"]["flood_in_s"], 2)
     for tenant, v in got.items():
         row[f"{tenant}_queue_min_s"] = _pct(v["queue"], 0)
         row[f"{tenant}_queue_p50_s"] = _pct(v["queue"], 50)
@@ -400,6 +404,8 @@ def _run_fleet(name: str, args: argparse.Namespace, engines: list[str], folder: 
     row: dict[str, Any] = {"scenario": name, "requests": requests, "wall_s": round(wall, 3),
                            "gateway_cpu_us_per_request": round(cpu / requests * 1e6, 1),
                            "errors": sum(v["errors"] for v in got.values())}
+    if "flood_in_s" in got.get("a", {}):  # how long A's flood took to reach the gateway
+        row["flood_in_s"] = round(got["a"]["flood_in_s"], 2)
     for tenant, v in got.items():
         row[f"{tenant}_queue_min_s"] = _pct(v["queue"], 0)
         row[f"{tenant}_queue_p50_s"] = _pct(v["queue"], 50)
