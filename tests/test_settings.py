@@ -11,6 +11,7 @@ import pytest
 
 from trioforward import Settings, SettingsError, TenantSpec, knobs
 from trioforward._settings import coerce
+from trioforward._tenant_spec import TenantSpecError, parse_tenants
 
 # (kind, optional) -> a knob of that type, text inputs and what they read as,
 # inputs that are refused, and a TOML (non-text) value with what it reads as.
@@ -227,3 +228,17 @@ def test_the_log_level_is_read_in_either_case() -> None:
     assert Settings.load(environ={"TRIOFORWARD_LOG_LEVEL": "Warning"}).log_level == "warning"
     with pytest.raises(SettingsError, match="must be one of debug, info, warning, error"):
         Settings(log_level="verbose")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("a:weight=abc", "tenant 'a': weight must be a number > 0 (got 'abc')"),
+        ("a:priority=high", "tenant 'a': priority must be an integer (got 'high')"),
+        ("a:max_outstanding=1.5", "tenant 'a': max_outstanding must be an integer >= 0 (got '1.5')"),
+    ],
+)
+def test_a_bad_tenant_field_is_named_with_its_value(text: str, says: str) -> None:
+    with pytest.raises(TenantSpecError) as info:
+        parse_tenants(text)
+    assert str(info.value) == says

@@ -55,6 +55,17 @@ class TenantSpec:
     max_outstanding: int = 0
 
 
+def _number(value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` when it is a string or (for a float) a number, else as
+    given, for the checks after it to name the field and the value."""
+    if isinstance(value, str) or (kind is float and isinstance(value, int) and not isinstance(value, bool)):
+        try:
+            return kind(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _spec(name: str, raw: Mapping[str, Any]) -> TenantSpec:
     if not _NAME.fullmatch(name):
         raise TenantSpecError(f"tenant name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
@@ -67,15 +78,10 @@ def _spec(name: str, raw: Mapping[str, Any]) -> TenantSpec:
         keys = tuple(k for k in keys.split("|") if k)
     if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) and k for k in keys):
         raise TenantSpecError(f"tenant {name!r}: keys must be a list of non-empty strings")
-    try:
-        weight = float(values.get("weight", 1.0))
-        priority = values.get("priority", 0)
-        limit = values.get("max_outstanding", 0)
-        priority = int(priority) if isinstance(priority, str) else priority
-        limit = int(limit) if isinstance(limit, str) else limit
-    except (TypeError, ValueError) as exc:
-        raise TenantSpecError(f"tenant {name!r}: {exc}") from None
-    if isinstance(values.get("weight"), bool) or not (weight > 0 and math.isfinite(weight)):
+    weight = _number(values.get("weight", 1.0), float)
+    priority = _number(values.get("priority", 0), int)
+    limit = _number(values.get("max_outstanding", 0), int)
+    if isinstance(weight, bool) or not (isinstance(weight, float) and weight > 0 and math.isfinite(weight)):
         raise TenantSpecError(f"tenant {name!r}: weight must be a number > 0 (got {values.get('weight')!r})")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TenantSpecError(f"tenant {name!r}: priority must be an integer (got {priority!r})")
