@@ -77,7 +77,7 @@ async def _admitted(client: Client, count: int) -> None:
     await until(lambda: (s := client.statistics()).queued + s.in_flight >= count)
 
 
-async def test_equal_weights_a_newcomer_takes_every_freed_slot_up_to_its_share(
+async def test_equal_weights_a_newcomer_takes_every_freed_slot_until_level_with_the_flood(
     fd_baseline: int,
 ) -> None:
     tenants = _tenants(a={"keys": ["ka"]}, b={"keys": ["kb"]})
