@@ -81,7 +81,7 @@ def _spec(name: str, raw: Mapping[str, Any]) -> TenantSpec:
     weight = _number(values.get("weight", 1.0), float)
     priority = _number(values.get("priority", 0), int)
     limit = _number(values.get("max_outstanding", 0), int)
-    if isinstance(weight, bool) or not (isinstance(weight, float) and weight > 0 and math.isfinite(weight)):
+    if not (isinstance(weight, float) and weight > 0 and math.isfinite(weight)):
         raise TenantSpecError(f"tenant {name!r}: weight must be a number > 0 (got {values.get('weight')!r})")
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TenantSpecError(f"tenant {name!r}: priority must be an integer (got {priority!r})")

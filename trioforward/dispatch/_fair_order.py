@@ -128,14 +128,12 @@ class FairOrder(Generic[K]):
 
     def started(self, tenant: Tenant) -> None:
         """One more item of ``tenant`` holds a slot, taken without queueing here
-        (nothing was queued, or another order's item was handed this slot): it
-        is charged to the tenant like a grant."""
+        (nothing was queued, or another order's item was handed this slot: a
+        slot is free only while nothing is queued, so ``tenant`` is not
+        backlogged here): it is charged to the tenant like a grant."""
         flow = self._flow(tenant)
         flow.running += 1
         flow.finish += flow.cost
-        if flow.entry >= 0:  # backlogged (a hand-over into a busy order): its head moves back
-            flow.tag += flow.cost
-            self._push(flow)
 
     def ended(self, tenant: Tenant) -> None:
         """One item of ``tenant`` gave its slot back."""
