@@ -60,7 +60,7 @@ def test_the_functions_the_profile_matches_on_exist() -> None:
         ([RUN, frame("ConnectionPool.request", PKG / "http/_pool.py", 70),
           frame("Connection.next_event", f"{SITE}/h11/_connection.py", 470)],
          ("pool", "h11 client")),
-        ([RUN, frame("Dispatcher._dispatch", PKG / "dispatch/_dispatch.py", 100),
+        ([RUN, frame("Dispatcher._dispatch", PKG / "dispatch/attempts/_dispatch.py", 100),
           frame("CapacityLimiter.acquire", f"{SITE}/trio/_sync.py", 300)],
          ("dispatch", "")),
         # the server side: parsing a request vs writing a response under the app's send

@@ -10,8 +10,8 @@ import trio
 import trio.testing
 from dispatch_testing import body, client_for, completions
 
-from trioforward.dispatch._abort import engine_names
-from trioforward.dispatch._request import Request
+from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.rollout._abort import engine_names
 from trioforward.sim import open_engine
 
 LONG = 4000

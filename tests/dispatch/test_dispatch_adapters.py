@@ -183,7 +183,7 @@ async def test_lru_unload_never_takes_an_adapter_in_use(fd_baseline: int) -> Non
 
 
 def test_the_registry_forgets_the_least_recently_used_idle_adapter() -> None:
-    from trioforward.dispatch._adapters import AdapterRegistry
+    from trioforward.dispatch.engines._adapters import AdapterRegistry
 
     registry = AdapterRegistry(limit=2)
     registry.register("a", "/a")
@@ -198,7 +198,7 @@ def test_the_registry_forgets_the_least_recently_used_idle_adapter() -> None:
 
 
 def test_a_parent_goes_with_its_adapter_and_within_the_registry_bound() -> None:
-    from trioforward.dispatch._adapters import AdapterRegistry
+    from trioforward.dispatch.engines._adapters import AdapterRegistry
 
     registry = AdapterRegistry(limit=2)
     for step in range(3):

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from trioforward.dispatch._budget import RetryBudget
-from trioforward.dispatch._routing import Router, rendezvous_score, stable_hash
+from trioforward.dispatch.attempts._budget import RetryBudget
+from trioforward.dispatch.engines._routing import Router, rendezvous_score, stable_hash
 
 
 def test_budget_allows_ratio_of_requests_plus_floor() -> None:

@@ -323,7 +323,7 @@ async def test_a_stream_continued_across_the_update_is_one_valid_stream(
     n: int,
     fold: bool,
 ) -> None:
-    from trioforward.dispatch import _continue_stream
+    from trioforward.dispatch.rollout import _continue_stream
     from trioforward.sim import render_text
 
     if fold:  # the relayed events are folded into token lists as they come

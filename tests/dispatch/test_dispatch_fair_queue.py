@@ -12,9 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from trioforward.dispatch._fair import FairQueue
-from trioforward.dispatch._fair_order import FairOrder
-from trioforward.dispatch._tenants import Tenant
+from trioforward.dispatch.engines._fair import FairQueue
+from trioforward.dispatch.engines._fair_order import FairOrder
+from trioforward.dispatch.engines._tenants import Tenant
 
 FILLER = Tenant("filler")  # the tenant of the slots a test takes first
 TENANT_OF: dict[str, Tenant] = {}  # request name -> tenant

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trioforward.dispatch._policy import (
+from trioforward.dispatch.attempts._policy import (
     Action,
     RetryCounts,
     RetryPolicy,

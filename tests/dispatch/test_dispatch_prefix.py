@@ -11,8 +11,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from trioforward.dispatch._prefix import PrefixRouter, prefix_key, request_prefix_key
-from trioforward.dispatch._routing import Router, rendezvous_score, stable_hash
+from trioforward.dispatch.engines._prefix import PrefixRouter, prefix_key, request_prefix_key
+from trioforward.dispatch.engines._routing import Router, rendezvous_score, stable_hash
 
 
 class FakeEngine:
@@ -88,7 +88,7 @@ def test_the_first_choice_is_the_same_in_every_process() -> None:
     # Fleet mode: gateways share no state, so the choice must not depend on the
     # process (Python's hash() is salted per process; the anchor is not).
     code = (
-        "from trioforward.dispatch._prefix import PrefixRouter, prefix_key\n"
+        "from trioforward.dispatch.engines._prefix import PrefixRouter, prefix_key\n"
         "from tests.dispatch.test_dispatch_prefix import _engines\n"
         "es = _engines(5)\n"
         "r = PrefixRouter(1.25, 0)\n"

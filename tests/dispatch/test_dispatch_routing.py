@@ -9,7 +9,7 @@ import trio
 import trio.testing
 from dispatch_testing import COMPLETION, body, client_for, completions
 
-from trioforward.dispatch._routing import rendezvous_score, stable_hash
+from trioforward.dispatch.engines._routing import rendezvous_score, stable_hash
 from trioforward.sim import open_engine
 
 

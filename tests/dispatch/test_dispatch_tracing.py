@@ -184,8 +184,8 @@ def test_an_attempt_names_its_span_as_parent_and_keeps_the_callers_tracestate() 
 
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-    from trioforward.dispatch._request import Request
-    from trioforward.dispatch._tracing import Tracing
+    from trioforward.dispatch.attempts._request import Request
+    from trioforward.dispatch.attempts._tracing import Tracing
 
     provider = TracerProvider()
     caller = SpanContext(

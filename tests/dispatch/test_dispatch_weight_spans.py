@@ -11,7 +11,7 @@ import trio.testing
 from dispatch_testing import COMPLETION, body, client_for
 
 from trioforward.dispatch import ForwardResponse
-from trioforward.dispatch._continue import with_span
+from trioforward.dispatch.rollout._continue import with_span
 from trioforward.sim import expected_completion, open_engine
 
 

@@ -368,7 +368,7 @@ async def test_a_freeze_that_begins_just_before_the_deadline_does_not_wake_the_r
     # While frozen, the moved deadline is only known at resume; asking "if it resumed
     # now" would move it by the time frozen so far — 1 ms, then 2 ms, ... — and wake
     # the request every millisecond of a 10 s pause.
-    from trioforward.dispatch._request import FROZEN_RECHECK, Request
+    from trioforward.dispatch.attempts._request import FROZEN_RECHECK, Request
 
     asked = 0
     original = Request.extended_deadline

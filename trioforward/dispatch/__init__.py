@@ -14,19 +14,24 @@ on-demand LoRA adapter loading, health probes and pause/resume (docs/dispatch.md
 from __future__ import annotations
 
 from trioforward.codec import Choice, Completion
-from trioforward.dispatch._adapters import AdapterRegistry
-from trioforward.dispatch._admin import Engines
-from trioforward.dispatch._client import Client, open_client
-from trioforward.dispatch._dialect import TokenRequest
-from trioforward.dispatch._engine_control import ENGINE_MODES
-from trioforward.dispatch._engines import EngineInfo
-from trioforward.dispatch._fair import FairOrder
-from trioforward.dispatch._forward_stream import ForwardStream
-from trioforward.dispatch._identity import MAX_ID_LENGTH, bad_id_reason, with_rid
-from trioforward.dispatch._kinds import KINDS as ENGINE_KINDS
-from trioforward.dispatch._tenants import QUEUE_TIME_BUCKETS, Tenant, TenantStatistics, TenantTable
-from trioforward.dispatch._types import ClientStatistics, ForwardResponse
-from trioforward.dispatch._weights import (
+from trioforward.dispatch.attempts._identity import MAX_ID_LENGTH, bad_id_reason, with_rid
+from trioforward.dispatch.attempts._types import ClientStatistics, ForwardResponse
+from trioforward.dispatch.client._client import Client, open_client
+from trioforward.dispatch.client._forward_stream import ForwardStream
+from trioforward.dispatch.dialects._dialect import TokenRequest
+from trioforward.dispatch.engines._adapters import AdapterRegistry
+from trioforward.dispatch.engines._admin import Engines
+from trioforward.dispatch.engines._engines import EngineInfo
+from trioforward.dispatch.engines._fair import FairOrder
+from trioforward.dispatch.engines._kinds import KINDS as ENGINE_KINDS
+from trioforward.dispatch.engines._tenants import (
+    QUEUE_TIME_BUCKETS,
+    Tenant,
+    TenantStatistics,
+    TenantTable,
+)
+from trioforward.dispatch.rollout._engine_control import ENGINE_MODES
+from trioforward.dispatch.rollout._weights import (
     EnginePause,
     fleet_pause_args,
     fleet_pause_value,

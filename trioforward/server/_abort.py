@@ -3,7 +3,7 @@
 docs/operations.md, "Over-sampling: cancelling a round's stragglers". Body:
 ``{"group": G}``, ``{"request_ids": [...]}`` (both may be given) or
 ``{"all": true}``. Every matching request of the gateway — OpenAI routes and
-Tinker samples, queued or on an engine — is aborted (dispatch/_abort.py) and
+Tinker samples, queued or on an engine — is aborted (dispatch/rollout/_abort.py) and
 its caller gets a normal answer with ``finish_reason: "abort"``; Tinker samples
 still waiting for a worker are resolved without reaching the dispatch core.
 Answers ``{"queued", "on_engine", "finished"}``; in fleet mode every member does

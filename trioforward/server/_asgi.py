@@ -52,7 +52,7 @@ from trioforward.server._validate import parse_body, request_identity
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from trioforward.dispatch._tenants import Tenant
+    from trioforward.dispatch.engines._tenants import Tenant
 
 __all__ = [
     "Front",

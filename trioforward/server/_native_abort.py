@@ -10,7 +10,7 @@ its own (:mod:`._native`), so the caller's ids mean nothing to an engine; this
 module keeps, per process, which of the gateway's requests each caller id
 names (:mod:`._callers`, filled by :mod:`._native` for the life of each
 request) and hands them to the gateway's abort (the one ``POST /admin/abort``
-uses: dispatch/_abort.py), which aborts them on the engines that run them by
+uses: dispatch/rollout/_abort.py), which aborts them on the engines that run them by
 their engine-side ids, cancels the queued ones, and answers each caller with
 what was decoded so far and an abort finish reason.
 

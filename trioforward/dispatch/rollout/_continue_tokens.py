@@ -1,0 +1,169 @@
+"""Continue a token-level request (``client.complete()``, Tinker samples) through
+the dialect seam (docs/dispatch.md, "Engine dialects"; docs/operations.md,
+"Continue after an abort pause").
+
+The abort answer is read with the dialect of the engine that gave it; each
+aborted choice is sent again as a new :class:`TokenRequest` (prompt + tokens so
+far, ``n: 1``, the budget left), rendered for whichever engine takes it; the
+joined answer is handed back as a ``/v1/completions`` body with per-choice
+``weight_versions``, and the request's rendering then parses it with that dialect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from trioforward.codec import CodecError, Completion
+from trioforward.dispatch.attempts._outcome import Reply
+from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.dialects import _dialect_completions
+from trioforward.dispatch.rollout._continue import derived, is_length_refusal, warn_no_token_ids
+from trioforward.dispatch.rollout._continuing import (
+    continue_each,
+    count_continuation,
+    send_continuation,
+)
+
+if TYPE_CHECKING:
+    from trioforward.dispatch.attempts._dispatch import Dispatcher
+
+__all__ = ["aborted_tokens", "continued_tokens"]
+
+
+def aborted_tokens(req: Request, reply: Reply) -> Completion | None:
+    """The answer of a token-level request, read by its dialect, if an engine
+    pause ended some choice of it (``finish_reason`` "abort"), else ``None``."""
+    render: Any = req.render
+    if not 200 <= reply.status < 300 or not hasattr(render, "parse"):
+        return None
+    try:
+        completion: Completion = render.parse(reply.content, req.weight_version)
+    except CodecError:
+        return None
+    if any(c.finish_reason == "abort" for c in completion.choices):
+        return completion
+    return None
+
+
+class _Choice:
+    __slots__ = ("index", "prompt", "tokens", "logprobs", "spans", "finish", "stop", "continuations", "text")
+
+    def __init__(self, choice: Any, prompt: list[int], version: str | None) -> None:
+        self.index = choice.index
+        self.prompt = prompt
+        self.tokens: list[int] = []
+        self.logprobs: list[float | None] | None = None if choice.logprobs is None else []
+        self.spans: list[dict[str, Any]] = []
+        self.finish: Any = None
+        self.stop: Any = None
+        self.continuations = 0
+        self.text = ""
+        self.add(choice, version)
+
+    def add(self, choice: Any, version: str | None) -> None:
+        ids = [int(t) for t in choice.tokens]
+        if ids:
+            start = len(self.tokens)
+            if self.spans and self.spans[-1]["version"] == version:
+                self.spans[-1]["end"] = start + len(ids)
+            else:
+                self.spans.append({"version": version, "start": start, "end": start + len(ids)})
+        self.tokens.extend(ids)
+        if self.logprobs is not None:
+            lps = choice.logprobs if choice.logprobs is not None else [math.nan] * len(ids)
+            self.logprobs.extend(None if math.isnan(v) else float(v) for v in lps)
+        self.finish, self.stop = choice.finish_reason, choice.stop_reason
+        self.text += choice.text or ""
+
+    def rendered(self) -> dict[str, Any]:
+        lp = None if self.logprobs is None else {"token_logprobs": self.logprobs}
+        return {
+            "index": self.index,
+            "text": self.text,
+            "logprobs": lp,
+            "finish_reason": self.finish,
+            "stop_reason": self.stop,
+            "token_ids": self.tokens,
+            "prompt_token_ids": self.prompt,
+            "weight_versions": self.spans or [{"version": None, "start": 0, "end": 0}],
+        }
+
+
+async def continued_tokens(
+    dispatcher: Dispatcher, req: Request, reply: Reply, completion: Completion
+) -> Reply | None:
+    """The joined answer of token-level ``req`` (its abort answer ``completion``),
+    or ``None`` when nothing was generated yet (replay it whole)."""
+    render: Any = req.render
+    counts = dispatcher.continued
+    base = render.request
+    choices = [_Choice(c, list(base.prompt), req.weight_version) for c in completion.choices]
+    aborted = [c for c in choices if c.finish == "abort"]
+    if not any(c.tokens for c in aborted):
+        counts.whole += 1
+        return None
+    counts.answers += 1
+    counts.tokens_kept += sum(len(c.tokens) for c in aborted)
+    refused = await continue_each(
+        aborted, lambda choice, failure: _continue(dispatcher, req, choice, failure)
+    )
+    if refused is not None:
+        return refused
+    use = dict(completion.usage)
+    generated = sum(len(c.tokens) for c in choices)
+    prompt = int(use.get("prompt_tokens") or len(base.prompt))
+    use.update(prompt_tokens=prompt, completion_tokens=generated, total_tokens=prompt + generated)
+    doc = {
+        "id": completion.id,
+        "object": "text_completion",
+        "model": completion.model or base.model,
+        "choices": [c.rendered() for c in choices],
+        "usage": use,
+    }
+    render.dialect = _dialect_completions
+    return Reply(reply.engine, reply.status, reply.headers, orjson.dumps(doc), None, reply.deadline)
+
+
+async def _continue(dispatcher: Dispatcher, req: Request, choice: _Choice, failure: list[Reply]) -> None:
+    from trioforward.dispatch.dialects._complete import Rendering
+
+    render: Any = req.render
+    base = render.request
+    while True:
+        left = base.max_tokens - len(choice.tokens)
+        if left <= 0:
+            choice.finish, choice.stop = "length", None
+            return
+        count_continuation(dispatcher, req, choice)
+        token_req = dataclasses.replace(
+            base, prompt=choice.prompt + choice.tokens, max_tokens=left, n=1, request_id=None,
+            prompt_logprobs=False, extra=dict(base.extra),
+        )
+        content = _dialect_completions.render(token_req, "")[1]
+        sub = derived(req, content)
+        sub_render = sub.render = Rendering(token_req, content)
+        answer = await send_continuation(dispatcher, req, sub, choice)
+        if answer is None:
+            continue  # ended by a pause before any token came back: send it again
+        if is_length_refusal(answer.status, answer.content):
+            choice.finish, choice.stop = "length", None
+            return
+        if not 200 <= answer.status < 300:
+            failure.append(answer)
+            return
+        try:
+            [got] = sub_render.parse(answer.content, sub.weight_version).choices
+        except (CodecError, ValueError):
+            warn_no_token_ids(dispatcher.continued, answer.engine.url)
+            failure.append(answer)
+            return
+        if got.finish_reason == "abort" and sub.replay is False:
+            raise req.stamp(sub.aborted())
+        choice.add(got, sub.weight_version)
+        if got.finish_reason != "abort" or sub.replay is None:
+            return
+        dispatcher.continued.tokens_kept += len(got.tokens)

@@ -1,0 +1,149 @@
+"""Requests an engine pause ended, run again: whole, or continued (docs/operations.md).
+
+:func:`replaying_request` and :func:`replaying_stream` wrap the dispatcher for
+:class:`~trioforward.dispatch.Client`; what a pause marks on a request
+(``req.replay``) is set by :mod:`._weights`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from trioforward._background import open_background_nursery
+from trioforward.dispatch.attempts._dispatch import Dispatcher
+from trioforward.dispatch.attempts._outcome import Reply
+from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.rollout._continue import (
+    CONTINUABLE_PATH,
+    CONTINUE,
+    hide_token_ids,
+    spanned,
+    with_span,
+)
+from trioforward.dispatch.rollout._continue_answer import continued_answer
+from trioforward.dispatch.rollout._continue_chat import CHAT_PATH, continued_chat
+from trioforward.dispatch.rollout._continue_native import NATIVE_PATHS, continued_native
+from trioforward.dispatch.rollout._continue_tokens import aborted_tokens, continued_tokens
+from trioforward.errors import DispatchAborted, UpstreamBroken
+
+__all__ = ["is_abort_answer", "replaying_request", "replaying_stream"]
+
+_ABORT = b'"finish_reason":"abort"'
+
+
+def is_abort_answer(content: bytes) -> bool:
+    """True if a completion body ends a choice with ``finish_reason: "abort"`` (vLLM,
+    SGLang's OpenAI routes: a request the engine aborted; orjson/FastAPI write no
+    spaces), or, on SGLang's ``/generate``, ``finish_reason: {"type": "abort"}``."""
+    return (
+        _ABORT in content
+        or b'"finish_reason": "abort"' in content
+        or b'"finish_reason":{"type":"abort"' in content
+        or b'"finish_reason": {"type": "abort"' in content
+    )
+
+
+async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
+    """``dispatcher.request(req)``, run again when an engine pause ended it and
+    asked for a replay (``req.replay``): whole, or continued from its tokens so
+    far (``"continue"``, :mod:`._continue`; whole when it cannot be). A
+    ``finish_reason: "abort"`` answer of such a request is never handed out
+    (DispatchAborted without replay)."""
+    with dispatcher.admission(req):  # every replay and continuation: this one request
+        return await _replaying(dispatcher, req)
+
+
+async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
+    crossed = False  # replayed whole after a continue pause: the answer gets its span
+    while True:
+        try:
+            reply = await dispatcher.request(req)
+        except (DispatchAborted, UpstreamBroken):
+            if not req.replay or req.aborted_by_call:
+                raise
+        else:
+            # Aborted by an abort call (_abort.py): the engine's abort answer is
+            # the caller's, never replayed or continued.
+            if req.replay is None or req.aborted_by_call:
+                return _shown(req, reply, crossed, dispatcher.weight_version)
+            # A token-level request is read by its engine's dialect (_continue_tokens).
+            token_level = hasattr(req.render, "parse")  # a Rendering, not a route's own
+            tokens = aborted_tokens(req, reply) if token_level else None
+            if tokens is None and (token_level or not is_abort_answer(reply.content)):
+                if req.replay == CONTINUE and req.weight_version != dispatcher.weight_version:
+                    # A continue pause did not end it and it answered after the
+                    # resume: the engine held it through its pause (vLLM 0.32: it
+                    # reached the engine after the pause) and ran it after the
+                    # resume, whole, on the new weights (a fleet member does not close
+                    # such a request; docs/operations.md, "Fleet mode").
+                    req.weight_version = dispatcher.weight_version
+                return _shown(req, reply, crossed, dispatcher.weight_version)
+            if not req.replay:
+                raise req.stamp(req.aborted()) from None
+            if req.replay == CONTINUE:
+                if tokens is not None:
+                    joined = await continued_tokens(dispatcher, req, reply, tokens)
+                elif req.url_path in NATIVE_PATHS:  # the engines' own token routes
+                    joined = await continued_native(dispatcher, req, reply)
+                elif req.url_path == CHAT_PATH:  # through the token form
+                    joined = await continued_chat(dispatcher, req, reply)
+                else:
+                    joined = await continued_answer(dispatcher, req, reply)
+                if joined is not None:
+                    return joined
+        crossed = crossed or req.replay == CONTINUE
+        if req.trace is not None:
+            req.trace.replay(req.abort_reason)
+        req.rearm()
+
+
+def _shown(req: Request, reply: Reply, crossed: bool, current: str | None) -> Reply:
+    """``reply`` as its caller asked for it: without the token ids the gateway asked
+    for; with its ``weight_versions`` span if it ``crossed`` a continue pause, or,
+    with the token ids the caller asked for, made under one recorded version
+    (``current`` still the one it was dispatched under; an answer a keep pause
+    spanned names both in ``X-Weight-Version`` only: where the update fell is not known)."""
+    if 200 <= reply.status < 300 and req.url_path == CHAT_PATH:
+        if req.asked_ids:
+            reply.content = hide_token_ids(reply.content)
+    elif 200 <= reply.status < 300 and req.url_path == CONTINUABLE_PATH:
+        if crossed and req.render is None:
+            reply.content = spanned(reply.content, req.weight_version, not req.asked_ids)
+        elif req.asked_ids:
+            reply.content = hide_token_ids(reply.content)
+        elif req.render is None and current is not None and req.weight_version == current:
+            reply.content = with_span(reply.content, current)
+    return reply
+
+
+@asynccontextmanager
+async def replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterator[Reply]:
+    """``dispatcher.stream(req)``, run again when an engine pause ended it before its
+    head went to the caller (after that it is never replayed: DispatchAborted)."""
+    req.streaming = True
+    with dispatcher.admission(req):  # every replay and continuation: this one request
+        async with _replaying_stream(dispatcher, req) as reply:
+            yield reply
+
+
+@asynccontextmanager
+async def _replaying_stream(dispatcher: Dispatcher, req: Request) -> AsyncIterator[Reply]:
+    while True:
+        try:
+            # The nursery: a continued stream's sub-streams (_continue_stream), ended
+            # when the reader leaves; the reader's own error comes out unwrapped.
+            async with dispatcher.stream(req) as reply, open_background_nursery() as tasks:
+                req.handed_over = True
+                req.tasks = tasks
+                try:
+                    yield reply
+                finally:
+                    req.tasks = None
+                return
+        except DispatchAborted:
+            if not req.replay or req.handed_over or req.aborted_by_call:
+                raise
+        if req.trace is not None:
+            req.trace.replay(req.abort_reason)
+        req.rearm()

@@ -1,0 +1,365 @@
+"""Weight updates as one operation: gate dispatch, pause the engines, replay, version.
+
+``client.pause(engine_mode=..., replay=...)`` and ``client.resume(weight_version=...)``
+(docs/operations.md). A pause first closes the dispatch gate (new requests wait
+in QUEUED, no budget charged), then pauses every target engine at once on the
+control pool (:mod:`._engine_control`), all-or-nothing: if one engine fails,
+those already paused are resumed, the gate is opened again and the call raises
+:class:`EngineControlError` naming the engine. Engine modes:
+
+- ``"keep"`` (SGLang ``in_place``; ``"retract"``: SGLang ``retract``, vLLM
+  ``keep``): the engine freezes the requests it runs; they stay dispatched and
+  their dispatch deadline is extended by the time the engine was paused (the
+  deadline measures the engine working on the request). Their answers mix the
+  old and the new weights, and say so (both versions). Returns at once.
+- ``"wait"``: returns once the engine's requests have finished (old weights).
+- ``"abort"``: the engine ends its requests; streams whose head already went to
+  the caller are ended by the gateway first (an error event, never the engine's
+  truncated ``finish_reason: "abort"`` stream); whatever is still open once the
+  engine's pause answered is closed by the gateway (vLLM 0.32 holds a request that
+  reached it after the pause and runs it after resume: docs/operations.md). With
+  ``replay=True`` every such request goes back to QUEUED and runs again, whole,
+  after the resume; otherwise its caller gets :class:`DispatchAborted`. Returns
+  once none is left on the engine.
+
+Nothing here is on the request path: the per-request cost is a few attribute
+reads in :class:`Client` (``req.replay``) and one store at dispatch
+(``req.weight_version``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from trioforward.dispatch.attempts._dispatch import Dispatcher
+from trioforward.dispatch.engines._engines import Engine, Registry
+from trioforward.dispatch.rollout._continue import CONTINUE, replay_mode
+from trioforward.dispatch.rollout._engine_control import (
+    ENGINE_MODES,
+    EngineControl,
+    EngineControlError,
+)
+
+__all__ = [
+    "WeightUpdates",
+    "EnginePause",
+    "version_label",
+    "fleet_pause_value",
+    "fleet_pause_args",
+    "pause_conflict",
+]
+
+log = logging.getLogger("trioforward.dispatch")
+
+MAX_VERSION_LENGTH = 128
+
+
+@dataclass(slots=True)
+class EnginePause:
+    """An engine paused at the engine level: its kind, mode and when (trio clock)."""
+
+    kind: str
+    mode: str
+    since: float
+
+
+def pause_conflict(mode: str, engine_mode: str | None, replay: bool | str | None) -> tuple[str, str] | None:
+    """What contradicts itself in a pause request, as ``(message, param)``, or None.
+
+    ``mode: "abort"`` is the gate-only way to end in-flight requests: beside an
+    ``engine_mode`` that keeps them (``keep``, ``retract``, ``wait``) it says the
+    opposite. ``replay`` re-runs requests the pause ended, so it means something
+    only when the pause ends some (docs/operations.md, "What a pause does")."""
+    if mode == "abort" and engine_mode not in (None, "abort"):
+        return (
+            f"'mode': \"abort\" ends in-flight requests, 'engine_mode': \"{engine_mode}\""
+            " keeps them: send one of the two",
+            "mode",
+        )
+    if replay and engine_mode != "abort" and not (engine_mode is None and mode == "abort"):
+        return (
+            "'replay' re-runs requests the pause ended: it needs 'engine_mode': \"abort\""
+            " (or 'mode': \"abort\" without 'engine_mode')",
+            "replay",
+        )
+    return None
+
+
+def version_label(start: str | None, end: str | None) -> str | None:
+    """``X-Weight-Version`` of an answer dispatched under ``start`` and finished under
+    ``end``: one version, or both (``"step-119, step-120"``) when a keep pause
+    spanned an update; ``None`` when no version was ever recorded."""
+    if start == end:
+        return start
+    return f"{start or 'none'}, {end or 'none'}"
+
+
+class WeightUpdates:
+    """Engine-level pause state and the weight version of one client."""
+
+    def __init__(self, registry: Registry, dispatcher: Dispatcher, control: EngineControl) -> None:
+        self._registry = registry
+        self._dispatcher = dispatcher
+        self.control = control
+        self.versions: Any = None  # the client's VersionGate (_versions.py)
+        self.engine_pauses: dict[str, EnginePause] = {}  # engine URL -> its pause
+
+    def targets(self, urls: list[str] | None) -> list[Engine]:
+        """The registered engines named by ``urls`` (all if ``None``); ``KeyError`` if unknown."""
+        if urls is None:
+            return list(self._registry.engines)
+        return [self._registry.get(url) for url in urls]
+
+    @property
+    def version(self) -> str | None:
+        """The weight version recorded by the last ``resume(weight_version=...)``."""
+        return self._dispatcher.weight_version
+
+    # -- pause ---------------------------------------------------------------------
+
+    async def pause(
+        self,
+        targets: list[Engine],
+        mode: str,
+        engine_mode: str | None,
+        replay: bool | str | None,
+        call_engines: bool = True,
+    ) -> None:
+        """Gate ``targets``, then pause them at ``engine_mode`` (None: gate only, as
+        ``mode`` says). ``replay``: ``False``/``None``, ``True``/``"whole"``, or
+        ``"continue"`` (docs/operations.md). ``call_engines=False``: this process's
+        part only (a fleet member; another member pauses the engines once:
+        :meth:`pause_engines`). Raises ``ValueError`` for a bad mode or replay,
+        :class:`EngineControlError`."""
+        if engine_mode is not None and engine_mode not in ENGINE_MODES:
+            raise ValueError(
+                f"engine_mode must be one of {', '.join(ENGINE_MODES)}, got {engine_mode!r}"
+            )
+        how = replay_mode(replay)
+        conflict = pause_conflict(mode, engine_mode, how)
+        if conflict is not None:
+            raise ValueError(conflict[0])
+        gated = [e for e in targets if not e.paused]
+        for engine in gated:
+            self._registry.set_paused(engine, True)
+        if engine_mode is None:
+            if mode == "abort":
+                self._abort(targets, how, "mode=abort")
+            await _wait_idle(targets)
+            return
+        if engine_mode == "abort" and how == CONTINUE:
+            # Every request, streams included, waits for the engine's abort answer:
+            # its tokens so far are what the continuation starts from.
+            for engine in targets:
+                for req in engine.calls:
+                    req.replay = CONTINUE
+            if not call_engines:
+                return  # a fleet member: the engines' abort answers end its requests
+        elif engine_mode == "abort" and call_engines:
+            # A stream whose head went out cannot be replayed: end it ourselves,
+            # before the engine sends a truncated "finish_reason: abort" stream.
+            self._abort(targets, how, "engine_mode=abort", streams_only=True)
+            for engine in targets:
+                for req in engine.calls:
+                    req.replay = how is not None
+        if call_engines:
+            try:
+                await self.pause_engines(targets, engine_mode)
+            except BaseException:
+                for engine in gated:
+                    self._registry.set_paused(engine, False)
+                raise
+        now = trio.current_time()
+        if engine_mode in ("keep", "retract"):
+            for engine in targets:
+                for req in engine.calls:
+                    req.frozen_since = now
+        elif engine_mode == "abort":
+            if how == CONTINUE:
+                # The engine's abort answers are on their way: read them (their
+                # tokens are kept) before closing what it still holds.
+                # (``abort_answer_grace``, docs/configuration.md).
+                with trio.move_on_after(self._dispatcher.settings.abort_answer_grace):
+                    await _wait_idle(targets)
+            for engine in targets:
+                if engine.calls and call_engines:
+                    # vLLM 0.32 holds a request that reached it after the pause and
+                    # runs it after /resume (docs/operations.md, "What vLLM 0.32
+                    # does under an abort pause").
+                    log.info(
+                        "engine %s: %d request(s) still open after its abort pause"
+                        " (not ended by the engine, or its answer not read yet): closed%s",
+                        engine.url,
+                        len(engine.calls),
+                        {None: "", "whole": ", replayed after resume"}.get(
+                            how, ", replayed or continued after resume"
+                        ),
+                    )
+            self._abort(targets, how, "engine_mode=abort")
+        if engine_mode != "keep" and engine_mode != "retract":
+            await _wait_idle(targets)
+
+    async def pause_engines(self, targets: list[Engine], mode: str) -> None:
+        """Pause the engines themselves, at once, all or nothing (the engines that
+        did pause are resumed, then :class:`EngineControlError` names the failure)."""
+        done: list[Engine] = []
+        failed: list[tuple[Engine, BaseException]] = []
+
+        async def one(engine: Engine) -> None:
+            try:
+                kind = await self.control.kind(engine.url)
+                if kind == "sglang" and mode == "wait":
+                    await engine.wait_idle()  # SGLang has no wait mode: drain ours first
+                await self.control.pause(engine.url, kind, mode)
+            except EngineControlError as exc:
+                failed.append((engine, exc))
+            else:
+                if kind != "none":  # an engine without pause endpoints: paused at the gateway only
+                    self.engine_pauses[engine.url] = EnginePause(kind, mode, trio.current_time())
+                done.append(engine)
+
+        async with trio.open_nursery() as nursery:
+            for engine in targets:
+                nursery.start_soon(one, engine)
+        if failed:
+            # All or nothing: the engines that did pause go back to work.
+            with trio.CancelScope(shield=True):
+                await self._resume_engines(done, None)
+            names = ", ".join(e.url for e, _ in failed)
+            raise EngineControlError(
+                f"engine pause failed on {names} (the other engines were resumed): "
+                + "; ".join(str(exc) for _, exc in failed),
+                engine=failed[0][0].url,
+            ) from failed[0][1]
+
+    def _abort(
+        self, targets: list[Engine], how: str | None, why: str, streams_only: bool = False
+    ) -> None:
+        for engine in targets:
+            for req in list(engine.calls):
+                if streams_only and not req.streaming:
+                    continue
+                if how == CONTINUE:
+                    req.replay = CONTINUE
+                else:
+                    req.replay = how is not None and not req.handed_over
+                req.abort(f"engine {engine.url} was paused ({why}) for a weight update")
+
+    # -- resume ------------------------------------------------------------------
+
+    async def resume(self, targets: list[Engine], weight_version: str | None) -> None:
+        """Resume the engines paused at the engine level among ``targets`` (and tell
+        them ``weight_version``), record the version, then open the gate. An engine
+        that fails stays paused; raises :class:`EngineControlError` naming it."""
+        if weight_version is not None and (
+            not isinstance(weight_version, str)
+            or not weight_version
+            or len(weight_version) > MAX_VERSION_LENGTH
+            or not (weight_version.isascii() and weight_version.isprintable())
+        ):
+            raise ValueError(
+                f"weight_version must be printable ASCII of 1..{MAX_VERSION_LENGTH} characters"
+            )
+        paused = [e for e in targets if e.url in self.engine_pauses]
+        failed = await self._resume_engines(paused, weight_version)
+        if weight_version is not None:
+            self._dispatcher.weight_version = weight_version
+        now = trio.current_time()
+        for engine in targets:
+            for req in engine.calls:
+                if req.frozen_since is not None:
+                    req.frozen_time += now - req.frozen_since
+                    req.frozen_since = None
+            if engine not in failed:
+                if engine in paused and self.versions is not None:
+                    self.versions.resumed(engine, weight_version)
+                self._registry.set_paused(engine, False)
+        if self.versions is not None and weight_version is not None:
+            self.versions.recheck()
+            # An engine whose resume failed may still run the old weights: held
+            # out until it reports the new version (docs/operations.md, "One
+            # weight version across the engines"), not paused.
+            for engine in failed:
+                self.versions.hold(engine, f"its resume failed ({failed[engine]})")
+                self._registry.set_paused(engine, False)
+        if failed:
+            held = self.versions is not None and weight_version is not None
+            raise EngineControlError(
+                "engine resume failed on "
+                + ", ".join(f"{e.url} ({exc})" for e, exc in failed.items())
+                + ("; they are held out until they report the version" if held else "; they stay paused"),
+                engine=next(iter(failed)).url,
+            )
+
+    async def resume_engines(self, targets: list[Engine], version: str | None) -> None:
+        """Resume every one of ``targets`` that has pause endpoints, whoever paused it
+        (a fleet member resumes engines another member paused), telling it
+        ``version``; raises :class:`EngineControlError` naming the failures."""
+        for engine in targets:
+            if engine.url not in self.engine_pauses:
+                kind = await self.control.kind(engine.url)
+                self.engine_pauses[engine.url] = EnginePause(kind, "?", trio.current_time())
+        failed = await self._resume_engines(targets, version)
+        if failed:
+            raise EngineControlError(
+                "engine resume failed on "
+                + ", ".join(f"{e.url} ({exc})" for e, exc in failed.items()),
+                engine=next(iter(failed)).url,
+            )
+
+    def record_version(self, version: str) -> None:
+        """Record the weight version every later dispatch is stamped with."""
+        self._dispatcher.weight_version = version
+
+    async def _resume_engines(
+        self, engines: list[Engine], version: str | None
+    ) -> dict[Engine, BaseException]:
+        failed: dict[Engine, BaseException] = {}
+
+        async def one(engine: Engine) -> None:
+            pause = self.engine_pauses[engine.url]
+            try:
+                if version is not None:
+                    await self.control.set_version(engine.url, pause.kind, version)
+                await self.control.resume(engine.url, pause.kind)
+            except EngineControlError as exc:
+                failed[engine] = exc
+                log.warning("engine %s: resume failed: %s", engine.url, exc)
+            else:
+                del self.engine_pauses[engine.url]
+
+        async with trio.open_nursery() as nursery:
+            for engine in engines:
+                nursery.start_soon(one, engine)
+        return failed
+
+
+async def _wait_idle(targets: list[Engine]) -> None:
+    for engine in targets:
+        await engine.wait_idle()
+
+
+FLEET_PREFIX = "engine:"
+
+
+def fleet_pause_value(mode: str, engine_mode: str | None, replay: bool | str | None) -> str:
+    """The control plane's value for a pause (docs/fleet.md, "Control plane"):
+    ``mode`` for a gate-only pause, else ``engine:<engine_mode>[+replay|+continue]``."""
+    if engine_mode is None:
+        return mode
+    how = replay_mode(replay)
+    return FLEET_PREFIX + engine_mode + {None: "", "whole": "+replay", CONTINUE: "+continue"}[how]
+
+
+def fleet_pause_args(value: str) -> dict[str, Any]:
+    """``client.pause`` keywords of a member applying control-plane ``value``: its own
+    part only, the engines are paused once by the member that took the admin call."""
+    if not value.startswith(FLEET_PREFIX):
+        return {"mode": value}
+    engine_mode, _, flag = value[len(FLEET_PREFIX) :].partition("+")
+    replay: bool | str = CONTINUE if flag == CONTINUE else flag == "replay"
+    return {"engine_mode": engine_mode, "replay": replay, "call_engines": False}
