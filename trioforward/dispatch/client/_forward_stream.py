@@ -12,6 +12,7 @@ from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request, strip_response_headers
 from trioforward.dispatch.rollout._abort_answer import abort_tail
 from trioforward.dispatch.rollout._continue import CONTINUABLE_PATH
+from trioforward.dispatch.rollout._continue_chat import CHAT_PATH
 from trioforward.dispatch.rollout._continue_stream import continuing_events
 from trioforward.http import PoolError
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
 
 __all__ = ["ForwardStream"]
+
+_CONTINUED = (CONTINUABLE_PATH, CHAT_PATH)  # streams continued across an abort pause
 
 
 class ForwardStream:
@@ -69,7 +72,7 @@ class ForwardStream:
         self.request_id = req.request_id  # docs/server.md, "Request ids and rollout groups"
         self._req = req
         self._reply = reply
-        self._dispatcher = dispatcher  # continues a /v1/completions stream (docs/operations.md)
+        self._dispatcher = dispatcher  # continues an OpenAI stream (docs/operations.md)
         # True once an abort call cut the stream: the next chunk is the abort tail,
         # and an event the chunks before it left unfinished is to be dropped.
         self.cut = False
@@ -81,14 +84,14 @@ class ForwardStream:
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         """The body as it arrives, in pieces of up to 64 KiB (a ``/v1/completions``
-        stream: whole events, continued across an abort pause with
+        or ``/v1/chat/completions`` stream: whole events, continued across an abort pause with
         ``replay="continue"``, docs/operations.md). A stream an abort call cut ends
         with the abort tail (:func:`abort_tail`), not an error."""
         req, reply = self._req, self._reply
         if reply is None:
             yield abort_tail(req.url_path, req.content, req.request_id)
             return
-        if self._dispatcher is None or req.url_path != CONTINUABLE_PATH or reply.body is None:
+        if self._dispatcher is None or req.url_path not in _CONTINUED or reply.body is None:
             async for chunk in self._raw():
                 yield chunk
         else:

@@ -113,8 +113,8 @@ class Forwarding:
             method, path, pairs, content, model, is_adapter, session_hash, request_id or "", group,
             tenant=who,
         )
-        # Chat: a whole answer only (a chat stream is not continued); the body read.
-        chat = path == CHAT_PATH and isinstance(json, dict) and not json.get("stream")
+        # Chat: streams too (continued across an abort pause); the body read.
+        chat = path == CHAT_PATH and isinstance(json, dict)
         if (path == CONTINUABLE_PATH or chat) and method == "POST" and self._ids_understood():
             # Token ids make an aborted completion or chat continuable (docs/operations.md).
             asked = ask_token_ids(content)

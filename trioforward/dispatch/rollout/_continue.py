@@ -26,6 +26,7 @@ import orjson
 
 from trioforward.dispatch.attempts._counts import ContinueCounts
 from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.dialects._events import COMPLETIONS, DEFAULT_MAX_TOKENS
 
 __all__ = [
     "CONTINUE",
@@ -49,12 +50,7 @@ log = logging.getLogger("trioforward.dispatch")
 
 CONTINUE = "continue"
 WHOLE = "whole"
-#: ``max_tokens`` of a ``/v1/completions`` request that gives none: vLLM's
-#: ``CompletionRequest.max_tokens`` default (``vllm/entrypoints/openai/protocol.py``)
-#: and SGLang's (docs/operations.md). A continuation is sent with what is left of
-#: it, never with the engine's default again.
-DEFAULT_MAX_TOKENS = 16
-CONTINUABLE_PATH = "/v1/completions"
+CONTINUABLE_PATH = COMPLETIONS
 
 _ASKED = (b'"return_token_ids":true', b'"return_token_ids": true')
 _KEY = b'token_ids":'  # ends both "token_ids": and "prompt_token_ids":

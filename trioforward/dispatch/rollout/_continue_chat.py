@@ -31,6 +31,7 @@ import orjson
 
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.dialects._chat import budget_of, chat_entries, tokens_body, top_k
 from trioforward.dispatch.rollout._continue import (
     CONTINUABLE_PATH,
     Generation,
@@ -45,40 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["CHAT_PATH", "continued_chat"]
 
 CHAT_PATH = "/v1/chat/completions"
-# Chat body fields a token completion takes as they are (vLLM's sampling fields).
-_KEPT = (
-    "model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-    "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-    "skip_special_tokens", "spaces_between_special_tokens", "logit_bias", "bad_words",
-    "allowed_token_ids", "include_stop_str_in_output", "user", "priority",
-)  # fmt: skip
-# Chat features the engine applies to the whole message: not continued.
-_WHOLE = (
-    "tools", "functions", "response_format", "structured_outputs", "guided_json",
-    "guided_regex", "guided_choice", "guided_grammar",
-)  # fmt: skip
-
-
-def _chat_entries(block: dict[str, list[Any]] | None, k: int) -> list[dict[str, Any]]:
-    """A completion segment's logprobs as chat ``logprobs.content`` entries."""
-    if block is None:
-        return []
-    out = []
-    for token, lp, top in zip(
-        block["tokens"], block["token_logprobs"], block["top_logprobs"], strict=False
-    ):
-        tops = list((top or {}).items())[:k]
-        out.append(
-            {
-                "token": token,
-                "logprob": lp,
-                "bytes": list(str(token).encode()),
-                "top_logprobs": [
-                    {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in tops
-                ],
-            }
-        )
-    return out
 
 
 async def continued_chat(dispatcher: Dispatcher, req: Request, reply: Reply) -> Reply | None:
@@ -91,13 +58,13 @@ async def continued_chat(dispatcher: Dispatcher, req: Request, reply: Reply) -> 
         body = orjson.loads(req.content)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(doc, dict) or not isinstance(body, dict) or any(body.get(k) for k in _WHOLE):
+    if not isinstance(doc, dict) or not isinstance(body, dict):
         counts.whole += 1
         return None
-    budget = body.get("max_completion_tokens", body.get("max_tokens"))
+    budget = budget_of(body)
     choices = doc.get("choices")
     prompt = doc.get("prompt_token_ids")
-    if type(budget) is not int or not isinstance(choices, list) or not choices:
+    if budget is None or not isinstance(choices, list) or not choices:
         counts.whole += 1
         return None
     if not isinstance(prompt, list) or not prompt:
@@ -130,17 +97,14 @@ async def continued_chat(dispatcher: Dispatcher, req: Request, reply: Reply) -> 
     if not any(g.tokens for g in aborted):
         counts.whole += 1
         return None
-    top = body.get("top_logprobs")
-    k = top if type(top) is int else 0
-    tokens_body = {key: body[key] for key in _KEPT if key in body}
-    if body.get("logprobs"):
-        tokens_body["logprobs"] = max(k, 1)
+    k = top_k(body)
+    completion = tokens_body(body)
     counts.answers += 1
     counts.tokens_kept += sum(len(g.tokens) for g in aborted)
     refused = await continue_each(
         aborted,
         lambda gen, failure: continue_choice(
-            dispatcher, req, tokens_body, gen, budget, failure, CONTINUABLE_PATH
+            dispatcher, req, completion, gen, budget, failure, CONTINUABLE_PATH
         ),
     )
     if refused is not None:
@@ -159,7 +123,7 @@ def _joined(doc: dict[str, Any], gens: list[Generation], k: int, ids: bool) -> b
             first = choice["logprobs"].get("content") or []
             joined["logprobs"] = {
                 **choice["logprobs"],
-                "content": first + _chat_entries(gen.logprobs, k),
+                "content": first + chat_entries(gen.logprobs, k),
             }
         joined["finish_reason"] = gen.finish
         joined["stop_reason"] = gen.stop

@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import trio
 
-from trioforward.dispatch.attempts._outcome import Reply
+from trioforward import Phase
+from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.dialects._events import COMPLETIONS, Events, events_for
 from trioforward.dispatch.rollout._continue import (
     CONTINUE,
-    DEFAULT_MAX_TOKENS,
     Generation,
+    derived,
     hide_token_ids,
     warn_no_token_ids,
 )
@@ -34,10 +36,11 @@ from trioforward.dispatch.rollout._continue_substream import (
     payload,
     sent,
     split,
-    sse_event,
 )
+from trioforward.dispatch.rollout._continuing import absorb
 from trioforward.dispatch.rollout._stream_spans import StreamSpans
 from trioforward.errors import DispatchAborted, TrioforwardError
+from trioforward.http import PoolError
 
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
@@ -56,7 +59,9 @@ async def continuing_events(
     past an abort pause with ``replay="continue"``. Raises the dispatch errors of a
     continuation, :class:`DispatchAborted` when it cannot be continued."""
     seen = _Seen(req)  # events relayed: kept, folded into token lists past FOLD_BYTES
-    spans = StreamSpans(req, dispatcher) if StreamSpans.wanted(req, dispatcher) else None
+    spans = None
+    if req.url_path == COMPLETIONS and StreamSpans.wanted(req, dispatcher):
+        spans = StreamSpans(req, dispatcher)
     held: list[bytes] = []
     partial = b""
     async for chunk in source:
@@ -77,6 +82,7 @@ async def continuing_events(
             if not block:
                 continue
         seen.add(block)
+        seen.relayed = True
         if spans is not None:
             block = spans.block(block)
         yield hide_token_ids(block) if req.asked_ids else block
@@ -89,10 +95,56 @@ async def continuing_events(
         yield out
 
 
+async def _restarted(dispatcher: Dispatcher, req: Request) -> AsyncIterator[bytes]:
+    """``req`` sent again whole, as a stream relayed as it comes (and continued across a
+    further pause): an abort pause ended it before any event went to the caller
+    and before the engine said its prompt ids (a chat stream still in prefill)."""
+    sub = derived(req, req.content)
+    sub.streaming, sub.asked_ids, sub.tasks = True, req.asked_ids, req.tasks
+    try:
+        async with dispatcher.stream(sub) as answer:
+            if answer.body is None:  # refused: its whole body is read
+                text = answer.content[:300].decode("utf-8", "replace")
+                raise sub.stamp(
+                    DispatchAborted(
+                        f"the replay after an abort pause failed: engine {answer.engine.url}"
+                        f" answered {answer.status}: {text}",
+                        phase=sub.phase,
+                    )
+                )
+            async for out in continuing_events(dispatcher, sub, answer, _read(sub, answer)):
+                yield out
+    finally:
+        absorb(req, sub)
+
+
+async def _read(sub: Request, answer: Reply) -> AsyncIterator[bytes]:
+    assert answer.body is not None
+    try:
+        async for chunk in answer.body.aiter_bytes():
+            yield chunk
+    except PoolError as exc:
+        sub.phase = Phase.READ_BODY
+        error = gateway_error(exc, answer.engine.url, answer.deadline, trio.current_time())
+        raise sub.stamp(error) from exc
+
+
 async def _continued(
     dispatcher: Dispatcher, req: Request, reply: Reply, seen: _Seen, held: list[bytes]
 ) -> AsyncIterator[bytes]:
     counts = dispatcher.continued
+    shape = seen.shape = seen.shape or events_for(req.url_path, orjson.loads(req.content))
+    body = shape.body
+    budget = shape.budget()
+    if budget is None:
+        raise req.stamp(
+            DispatchAborted(
+                "an abort pause ended this stream and it cannot be continued: a chat"
+                " request without max_completion_tokens / max_tokens, or with tools,"
+                " response_format or structured outputs",
+                phase=req.phase,
+            )
+        )
     seen.fold()
     if seen.broken:
         warn_no_token_ids(counts, reply.engine.url)
@@ -106,32 +158,36 @@ async def _continued(
     gens, head, usage = seen.gens, seen.head, seen.usage
     for g in gens.values():
         g.mark()  # what the caller has: the held events' tokens go out from here
-    if not _parse(held, gens, head, usage, req):
+    if not _parse(held, gens, head, usage, req, shape):
         seen.broken = True
         warn_no_token_ids(counts, reply.engine.url)
         raise req.stamp(
             DispatchAborted("the engine's abort events carry no token ids", phase=req.phase)
         )
     aborted = {i: g for i, g in gens.items() if g.finish == "abort"}
+    for g in aborted.values():
+        g.prompt = g.prompt or shape.known_prompt()  # chat: the stream's one prompt
+    if not seen.relayed and not any(g.tokens for g in gens.values()):
+        if not all(g.prompt for g in aborted.values()):
+            counts.whole += 1
+            async for event in _restarted(dispatcher, req):
+                yield event
+            return
     if any(not g.prompt for g in aborted.values()):
         warn_no_token_ids(counts, reply.engine.url)
         raise req.stamp(DispatchAborted("no prompt_token_ids to continue from", phase=req.phase))
-    body = orjson.loads(req.content)
-    budget = body.get("max_tokens")
-    if not isinstance(budget, int) or isinstance(budget, bool):
-        budget = DEFAULT_MAX_TOKENS
     counts.answers += 1
     counts.tokens_kept += sum(len(g.tokens) for g in aborted.values())
     ids = not req.asked_ids
     head = {k: head.get(k) for k in ("id", "object", "created", "model")}
     for index, gen in sorted(gens.items()):
         if gen.finish != "abort" and gen.sent != sent(gen):
-            yield sse_event(head, gen.tail(ids), index)  # a choice that ended in the held events
+            yield shape.event(head, gen.tail(ids), index)  # a choice that ended in the held events
         elif gen.finish == "abort":
             gen.finish = None  # goes on: its held tokens go out with the continuation's first event
     assert req.tasks is not None, "a continued stream is read inside client.stream()"
     send, receive = trio.open_memory_channel[Any](1)
-    req.tasks.start_soon(continue_all, dispatcher, req, body, aborted, budget, head, send)
+    req.tasks.start_soon(continue_all, dispatcher, req, shape, aborted, budget, head, send)
     async with receive:
         async for item in receive:
             if isinstance(item, TrioforwardError):
@@ -161,7 +217,7 @@ class _Seen:
     """The events a stream relayed: raw until :data:`FOLD_BYTES`, then parsed into
     per-choice :class:`Generation` state (``broken``: a chunk had no token ids)."""
 
-    __slots__ = ("req", "blocks", "size", "gens", "head", "usage", "broken")
+    __slots__ = ("req", "blocks", "size", "gens", "head", "usage", "broken", "shape", "relayed")
 
     def __init__(self, req: Request) -> None:
         self.req = req
@@ -171,6 +227,8 @@ class _Seen:
         self.head: dict[str, Any] = {}
         self.usage: list[dict[str, Any]] = []
         self.broken = False
+        self.shape: Events | None = None  # the caller's stream shape, read on first use
+        self.relayed = False  # an event went to the caller
 
     def add(self, block: bytes) -> None:
         if self.broken:
@@ -182,7 +240,10 @@ class _Seen:
 
     def fold(self) -> None:
         if self.blocks and not self.broken:
-            self.broken = not _parse(self.blocks, self.gens, self.head, self.usage, self.req)
+            if self.shape is None:
+                self.shape = events_for(self.req.url_path, orjson.loads(self.req.content))
+            parsed = _parse(self.blocks, self.gens, self.head, self.usage, self.req, self.shape)
+            self.broken = not parsed
         self.blocks, self.size = [], 0
 
 
@@ -192,9 +253,11 @@ def _parse(
     head: dict[str, Any],
     usage: list[dict[str, Any]],
     req: Request,
+    shape: Events,
 ) -> bool:
-    """Add the choices' deltas of ``events`` to ``gens`` (by choice index); False
-    when a chunk carries no token ids (the stream cannot be continued)."""
+    """Add the choices' deltas of ``events`` (in the caller's ``shape``) to ``gens``
+    (by choice index); False when a chunk carries no token ids, or one the shape
+    cannot continue (the stream cannot be continued)."""
     for event in split(b"".join(events)):
         doc = payload(event)
         if not isinstance(doc, dict):
@@ -203,13 +266,16 @@ def _parse(
             head.update({k: doc.get(k) for k in ("id", "object", "created", "model")})
         if doc.get("usage"):
             usage.append(doc["usage"])
-        for choice in doc.get("choices") or []:
-            index = choice.get("index", 0)
+        for raw in doc.get("choices") or []:
+            index = raw.get("index", 0)
+            prompt = shape.prompt(doc, raw)
+            choice = shape.read(raw)
+            if choice is None:
+                return False
             gen = gens.get(index)
             if gen is None:
-                base = {"text": "", "token_ids": [], "logprobs": choice.get("logprobs")}
-                prompt = choice.get("prompt_token_ids") or []
-                gen = gens[index] = Generation(base, prompt, req.weight_version)
+                base = shape.base(choice)
+                gen = gens[index] = Generation(base, prompt or [], req.weight_version)
             ids = choice.get("token_ids")
             if ids is None and choice.get("finish_reason") == "abort" and not choice.get("text"):
                 choice = {**choice, "token_ids": []}  # an abort event that adds nothing

@@ -19,6 +19,7 @@ import trio
 from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.dialects._events import COMPLETIONS, Events
 from trioforward.dispatch.rollout._continue import (
     Generation,
     continuation_body,
@@ -32,7 +33,7 @@ from trioforward.http import PoolError
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
 
-__all__ = ["continue_all", "sse_event", "sent", "events_end", "split", "payload"]
+__all__ = ["continue_all", "sent", "events_end", "split", "payload"]
 
 _BOUNDARY = re.compile(rb"\r?\n\r?\n")
 
@@ -67,27 +68,23 @@ def sent(gen: Generation) -> tuple[int, int, int]:
     return (len(gen.tokens), len(gen.text), lps)
 
 
-def sse_event(head: dict[str, Any], choice: dict[str, Any], index: int) -> bytes:
-    choice["index"] = index
-    return b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
-
-
 async def continue_all(
     dispatcher: Dispatcher,
     req: Request,
-    body: dict[str, Any],
+    shape: Events,
     aborted: dict[int, Generation],
     budget: int,
     head: dict[str, Any],
     send: trio.MemorySendChannel[Any],
 ) -> None:
-    """Continue each aborted choice as a stream of its own, their events into
-    ``send``; the first dispatch error ends the others and goes into ``send``."""
+    """Continue each aborted choice as a ``/v1/completions`` stream of its own, their
+    events written in the caller's ``shape`` into ``send``; the first dispatch
+    error ends the others and goes into ``send``."""
     errors: list[TrioforwardError] = []
 
     async def one(index: int, gen: Generation) -> None:
         try:
-            await _stream_choice(dispatcher, req, body, gen, budget, index, head, send)
+            await _stream_choice(dispatcher, req, shape, gen, budget, index, head, send)
         except TrioforwardError as exc:
             errors.append(exc)
             nursery.cancel_scope.cancel()
@@ -108,7 +105,7 @@ async def continue_all(
 async def _stream_choice(
     dispatcher: Dispatcher,
     req: Request,
-    body: dict[str, Any],
+    shape: Events,
     gen: Generation,
     budget: int,
     index: int,
@@ -124,10 +121,11 @@ async def _stream_choice(
         left = budget - len(gen.tokens)
         if left <= 0:
             gen.end("length")
-            await send.send(sse_event(head, gen.tail(ids), index))
+            await send.send(shape.event(head, gen.tail(ids), index))
             return
         count_continuation(dispatcher, req, gen)
-        sub = derived(req, continuation_body(body, gen, left, stream=True))
+        content = continuation_body(shape.fields(), gen, left, stream=True)
+        sub = derived(req, content, COMPLETIONS)
         sub.streaming = True
         before = len(gen.tokens)
         try:
@@ -136,7 +134,7 @@ async def _stream_choice(
                     status, content, engine = answer.status, answer.content, answer.engine.url
                 else:
                     status = 0
-                    await _relay(answer, sub, gen, index, head, ids, send)
+                    await _relay(answer, sub, gen, index, head, ids, send, shape)
         except (DispatchAborted, UpstreamBroken):
             absorb(req, sub)
             if not sub.replay:
@@ -146,7 +144,7 @@ async def _stream_choice(
         if status:
             if is_length_refusal(status, content):
                 gen.end("length")  # prompt + tokens so far no longer fit the model
-                await send.send(sse_event(head, gen.tail(ids), index))
+                await send.send(shape.event(head, gen.tail(ids), index))
                 return
             text = content[:300].decode("utf-8", "replace")
             raise req.stamp(
@@ -161,7 +159,7 @@ async def _stream_choice(
         if sub.replay is False:
             raise req.stamp(sub.aborted())  # a pause without replay ended it
         if sub.replay is None:  # an abort of another cause: it ends so
-            await send.send(sse_event(head, gen.tail(ids), index))
+            await send.send(shape.event(head, gen.tail(ids), index))
             return
         counts.tokens_kept += len(gen.tokens) - before
 
@@ -174,6 +172,7 @@ async def _relay(
     head: dict[str, Any],
     ids: bool,
     send: trio.MemorySendChannel[Any],
+    shape: Events,
 ) -> None:
     """Relay one continuation stream's events (its abort events held back)."""
     assert answer.body is not None
@@ -210,7 +209,7 @@ async def _relay(
                         out["finish_reason"] = out["stop_reason"] = None
                         del out["weight_versions"]  # on the last event only
                     gen.mark()
-                    await send.send(sse_event(head, out, index))
+                    await send.send(shape.event(head, out, index))
     except PoolError as exc:
         sub.phase = Phase.READ_BODY
         raise sub.stamp(
