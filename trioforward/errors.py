@@ -29,6 +29,7 @@ __all__ = [
     "NoEngineAvailable",
     "AdapterLoadError",
     "DispatchAborted",
+    "ContinuationLimit",
     "ShuttingDown",
     "EngineControlError",
 ]
@@ -165,6 +166,16 @@ class DispatchAborted(TrioforwardError):
 
     status = 503
     code = "aborted"
+
+
+class ContinuationLimit(DispatchAborted):
+    """An abort pause with ``replay="continue"`` ended a generation that had been
+    continued ``max_continuations`` times already: it is not continued again.
+    503, ``phase`` ``queued`` (the next continuation was never dispatched);
+    a :class:`DispatchAborted`, so callers catching that still catch it
+    (docs/operations.md, "Continue after an abort pause")."""
+
+    code = "continuation_limit"
 
 
 class ShuttingDown(TrioforwardError):

@@ -12,7 +12,7 @@ import trio.testing
 from dispatch_testing import COMPLETION, body, client_for
 
 from trioforward.dispatch import ForwardResponse
-from trioforward.errors import TenantQueueFull
+from trioforward.errors import ContinuationLimit, DispatchAborted, TenantQueueFull
 from trioforward.sim import expected_completion, open_engine
 
 PROMPT = [1, 2, 3]
@@ -432,3 +432,39 @@ async def test_continuations_and_replays_are_the_same_request_for_max_outstandin
         assert engine.stats.by_path[COMPLETION] == 7  # the aborted attempt and the replay
         stats = client.statistics().tenants["default"]
         assert stats.rejections == 1 and stats.outstanding == 0
+
+
+async def test_past_max_continuations_the_503_names_the_continuation_limit(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Continued once (the limit), aborted again: the caller's 503 says so, with
+    # phase "queued" (the refused continuation was never dispatched), not a
+    # connect failure.
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine, max_continuations=1) as client,
+    ):
+        await client.resume(weight_version="v1")
+        errors: list[BaseException] = []
+
+        async def post() -> None:
+            try:
+                await client.post(COMPLETION, json=gen(return_token_ids=True))
+            except DispatchAborted as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.25)
+            await update(client, "v2")
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.25)
+            await update(client, "v3")
+        [exc] = errors
+        assert isinstance(exc, ContinuationLimit) and exc.status == 503
+        error = exc.to_json()["error"]
+        assert error["code"] == "continuation_limit" and error["phase"] == "queued"
+        assert error["type"] == "ContinuationLimit" and error["attempts"] == 2
+        assert "max_continuations" in error["message"]
+        assert engine.stats.by_path[COMPLETION] == 2 and engine.stats.pause_aborted == 2
