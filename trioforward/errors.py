@@ -32,6 +32,7 @@ __all__ = [
     "ContinuationLimit",
     "ShuttingDown",
     "EngineControlError",
+    "PauseOvertaken",
 ]
 
 
@@ -192,6 +193,19 @@ class ShuttingDown(TrioforwardError):
 
 class EngineControlError(TrioforwardError):
     """An engine refused or failed a weight-update call (pause, resume, weight
-    version: docs/operations.md); ``.engine`` names it. 502."""
+    version: docs/operations.md); ``.engine`` names it. 502. ``.answered`` is
+    False when the engine's answer never came (timeout, broken connection): the
+    call may have taken effect on the engine."""
 
     code = "engine_control_failed"
+    answered: bool = True
+
+
+class PauseOvertaken(EngineControlError):
+    """A resume arrived while this pause was still in progress (draining, or
+    waiting for an engine's answer): the resume won, the engines the pause had
+    reached are resumed with it, and the pause ends here. 409
+    (docs/operations.md, "Overlapping control calls")."""
+
+    status = 409
+    code = "pause_overtaken"
