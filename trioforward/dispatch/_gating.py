@@ -86,14 +86,20 @@ class PauseGate:
                 raise
 
     async def resume(
-        self, engines: Iterable[str] | None = None, *, weight_version: str | None = None
+        self,
+        engines: Iterable[str] | None = None,
+        *,
+        weight_version: str | None = None,
+        call_engines: bool = True,
     ) -> None:
         """Resume the engines paused with an ``engine_mode`` (telling them
         ``weight_version``), record ``weight_version`` (every later answer carries
         it), then let dispatch start again; waiting requests go in FIFO order.
         A pause still in progress on any of ``engines`` is overtaken first (it
         raises :class:`~trioforward.errors.PauseOvertaken`); the engines it reached
-        are resumed here. Raises ``ValueError`` for a bad version,
+        are resumed here. ``call_engines=False``: the gate only (a fleet member;
+        the member that took the resume resumes the engines once). Raises
+        ``ValueError`` for a bad version,
         :class:`EngineControlError` for an engine that failed to resume (it stays
         paused; the others are resumed).
         """
@@ -105,7 +111,7 @@ class PauseGate:
         async with self.weights.order:
             if engines is None:
                 self._paused_all = False
-            await self.weights.resume(targets, weight_version)
+            await self.weights.resume(targets, weight_version, call_engines)
         await trio.lowlevel.checkpoint()
 
     @property

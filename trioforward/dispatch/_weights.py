@@ -315,10 +315,15 @@ class WeightUpdates:
 
     # -- resume ------------------------------------------------------------------
 
-    async def resume(self, targets: list[Engine], weight_version: str | None) -> None:
+    async def resume(
+        self, targets: list[Engine], weight_version: str | None, call_engines: bool = True
+    ) -> None:
         """Resume the engines paused at the engine level among ``targets`` (and tell
         them ``weight_version``), record the version, then open the gate. An engine
-        that fails stays paused; raises :class:`EngineControlError` naming it."""
+        that fails stays paused; raises :class:`EngineControlError` naming it.
+        ``call_engines=False``: a fleet member's part, the gate only; the member
+        that took the resume resumes the engines (:meth:`resume_engines`), so this
+        one forgets its own records of them."""
         if weight_version is not None and (
             not isinstance(weight_version, str)
             or not weight_version
@@ -329,6 +334,10 @@ class WeightUpdates:
                 f"weight_version must be printable ASCII of 1..{MAX_VERSION_LENGTH} characters"
             )
         paused = [e for e in targets if e.url in self.engine_pauses]
+        if not call_engines:
+            for engine in paused:
+                del self.engine_pauses[engine.url]
+            paused = []
         failed = await self._resume_engines(paused, weight_version)
         if weight_version is not None:
             self._dispatcher.weight_version = weight_version
