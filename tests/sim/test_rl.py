@@ -235,9 +235,12 @@ async def test_abort_pause_answers_when_a_hang_up_lands_in_the_same_tick_as_the_
 
     exchange = trio.CancelScope()  # what the disconnect watcher cancels
 
+    async def decode(run: Any) -> None:
+        await trio.sleep_forever()
+
     async def stream() -> None:
         with exchange:
-            await rl.generation("cmpl-1-0", lambda run: trio.sleep_forever(), aborted)
+            await rl.generation("cmpl-1-0", decode, aborted)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stream)
