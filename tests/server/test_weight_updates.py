@@ -46,7 +46,7 @@ async def test_keep_pause_then_resume_with_a_version_over_http(
                     assert resumed.json()["weight_version"] == "step-120"
                     assert resumed.json()["engine_pauses"] == {}
             assert [r.status_code for r in replies] == [200, 200]
-            assert {r.headers["x-weight-version"] for r in replies} == {"none, step-120"}
+            assert {r.headers["x-weight-version"] for r in replies} == {"default, step-120"}
             after = await client.post("/v1/completions", json=BODY)
             assert after.headers["x-weight-version"] == "step-120"
             stream = await client.post("/v1/completions", json={**BODY, "stream": True})
@@ -54,7 +54,7 @@ async def test_keep_pause_then_resume_with_a_version_over_http(
             metrics = (await client.get("/metrics")).text
         assert 'trioforward_weight_version_requests_total{weight_version="step-120"} 2.0' in metrics
         # The two answers that spanned the update are not a version of their own.
-        assert "none, step-120" not in metrics
+        assert "default, step-120" not in metrics
         assert "trioforward_weight_version_mixed_requests_total 2.0" in metrics
         assert engine.rl.weight_version == "step-120" and engine.stats.completed_mixed == 2
         assert "version=step-120" in caplog.text

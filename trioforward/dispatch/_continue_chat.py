@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from trioforward.codec import UNVERSIONED
 from trioforward.dispatch._continue import (
     CONTINUABLE_PATH,
     Generation,
@@ -164,7 +165,7 @@ def _joined(doc: dict[str, Any], gens: list[Generation], k: int, ids: bool) -> b
         joined["finish_reason"] = gen.finish
         joined["stop_reason"] = gen.stop
         joined["token_ids"] = gen.tokens if ids else None
-        joined["weight_versions"] = gen.spans or [{"version": None, "start": 0, "end": 0}]
+        joined["weight_versions"] = gen.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
         choices.append(joined)
     out["choices"] = choices
     if not ids and "prompt_token_ids" in out:

@@ -35,6 +35,7 @@ from typing import Any
 
 import trio
 
+from trioforward.codec import span_version
 from trioforward.dispatch._continue import CONTINUE, replay_mode
 from trioforward.dispatch._dispatch import Dispatcher
 from trioforward.dispatch._engine_control import ENGINE_MODES, EngineControl, EngineControlError
@@ -89,10 +90,12 @@ def pause_conflict(mode: str, engine_mode: str | None, replay: bool | str | None
 def version_label(start: str | None, end: str | None) -> str | None:
     """``X-Weight-Version`` of an answer dispatched under ``start`` and finished under
     ``end``: one version, or both (``"step-119, step-120"``) when a keep pause
-    spanned an update; ``None`` when no version was ever recorded."""
+    spanned an update; ``None`` when no version was ever recorded. A side with no
+    version recorded is named as its spans name it, ``"default"``
+    (:data:`~trioforward.codec.UNVERSIONED`)."""
     if start == end:
         return start
-    return f"{start or 'none'}, {end or 'none'}"
+    return f"{span_version(start)}, {span_version(end)}"
 
 
 class WeightUpdates:
