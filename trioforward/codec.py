@@ -14,7 +14,29 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-__all__ = ["Completion", "Choice", "decode_completion", "prompt_logprobs_array", "weight_spans", "CodecError"]
+__all__ = [
+    "Completion",
+    "Choice",
+    "decode_completion",
+    "prompt_logprobs_array",
+    "weight_spans",
+    "span_version",
+    "UNVERSIONED",
+    "CodecError",
+]
+
+#: The span version of tokens decoded before any weight version was recorded: the
+#: label vLLM 0.32's engine core (``/inference/v1/generate``'s ``weight_versions``)
+#: and SGLang (``meta_info.weight_versions``) give the weights they started with,
+#: so a span reads the same from the engine and from the gateway
+#: (docs/operations.md, "Weight versions").
+UNVERSIONED = "default"
+
+
+def span_version(version: str | None) -> str:
+    """The ``version`` of a ``weight_versions`` span: ``version``, or
+    :data:`UNVERSIONED` when none was recorded."""
+    return UNVERSIONED if version is None else version
 
 _EMPTY_I32: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
 
@@ -105,7 +127,7 @@ def _prompt_logprobs(entries: list[Any], prompt: list[int] | None) -> npt.NDArra
 def _spans(raw: Any, length: int, version: str | None) -> tuple[list[dict[str, Any]], npt.NDArray[np.int32]]:
     """A choice's ``weight_versions`` (one span under ``version`` when it has none)
     and the per-token span index."""
-    spans = raw if isinstance(raw, list) and raw else [{"version": version, "start": 0, "end": length}]
+    spans = raw if isinstance(raw, list) and raw else [{"version": span_version(version), "start": 0, "end": length}]
     out = np.zeros(length, dtype=np.int32)
     for i, span in enumerate(spans):
         out[int(span.get("start", 0)) : int(span.get("end", length))] = i

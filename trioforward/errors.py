@@ -29,8 +29,10 @@ __all__ = [
     "NoEngineAvailable",
     "AdapterLoadError",
     "DispatchAborted",
+    "ContinuationLimit",
     "ShuttingDown",
     "EngineControlError",
+    "PauseOvertaken",
 ]
 
 
@@ -167,6 +169,16 @@ class DispatchAborted(TrioforwardError):
     code = "aborted"
 
 
+class ContinuationLimit(DispatchAborted):
+    """An abort pause with ``replay="continue"`` ended a generation that had been
+    continued ``max_continuations`` times already: it is not continued again.
+    503, ``phase`` ``queued`` (the next continuation was never dispatched);
+    a :class:`DispatchAborted`, so callers catching that still catch it
+    (docs/operations.md, "Continue after an abort pause")."""
+
+    code = "continuation_limit"
+
+
 class ShuttingDown(TrioforwardError):
     """The gateway is draining (or the client was closed) and the request was never
     dispatched: it was still QUEUED when the drain's cutoff came, waited for an
@@ -181,6 +193,19 @@ class ShuttingDown(TrioforwardError):
 
 class EngineControlError(TrioforwardError):
     """An engine refused or failed a weight-update call (pause, resume, weight
-    version: docs/operations.md); ``.engine`` names it. 502."""
+    version: docs/operations.md); ``.engine`` names it. 502. ``.answered`` is
+    False when the engine's answer never came (timeout, broken connection): the
+    call may have taken effect on the engine."""
 
     code = "engine_control_failed"
+    answered: bool = True
+
+
+class PauseOvertaken(EngineControlError):
+    """A resume arrived while this pause was still in progress (draining, or
+    waiting for an engine's answer): the resume won, the engines the pause had
+    reached are resumed with it, and the pause ends here. 409
+    (docs/operations.md, "Overlapping control calls")."""
+
+    status = 409
+    code = "pause_overtaken"

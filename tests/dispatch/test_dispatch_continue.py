@@ -12,7 +12,7 @@ import trio.testing
 from dispatch_testing import COMPLETION, body, client_for
 
 from trioforward.dispatch import ForwardResponse
-from trioforward.errors import TenantQueueFull
+from trioforward.errors import ContinuationLimit, DispatchAborted, TenantQueueFull
 from trioforward.sim import expected_completion, open_engine
 
 PROMPT = [1, 2, 3]
@@ -432,3 +432,72 @@ async def test_continuations_and_replays_are_the_same_request_for_max_outstandin
         assert engine.stats.by_path[COMPLETION] == 7  # the aborted attempt and the replay
         stats = client.statistics().tenants["default"]
         assert stats.rejections == 1 and stats.outstanding == 0
+
+
+async def test_past_max_continuations_the_503_names_the_continuation_limit(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Continued once (the limit), aborted again: the caller's 503 says so, with
+    # phase "queued" (the refused continuation was never dispatched), not a
+    # connect failure.
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine, max_continuations=1) as client,
+    ):
+        await client.resume(weight_version="v1")
+        errors: list[BaseException] = []
+
+        async def post() -> None:
+            try:
+                await client.post(COMPLETION, json=gen(return_token_ids=True))
+            except DispatchAborted as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.25)
+            await update(client, "v2")
+            await engine.stats.wait_for(lambda s: s.running == 1)
+            await trio.sleep(0.25)
+            await update(client, "v3")
+        [exc] = errors
+        assert isinstance(exc, ContinuationLimit) and exc.status == 503
+        error = exc.to_json()["error"]
+        assert error["code"] == "continuation_limit" and error["phase"] == "queued"
+        assert error["type"] == "ContinuationLimit" and error["attempts"] == 2
+        assert "max_continuations" in error["message"]
+        assert engine.stats.by_path[COMPLETION] == 2 and engine.stats.pause_aborted == 2
+
+
+async def test_tokens_decoded_before_any_version_was_recorded_are_labelled_default(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # No version recorded before the update: the first segment's span says
+    # "default" (as SGLang and vLLM's token route label the weights they started
+    # with), on /v1/completions and in client.complete()'s Choice alike; the
+    # header names the same two.
+    async with (
+        open_engine(decode_ms_per_token=100) as engine,
+        client_for(engine) as client,
+    ):
+        results: list[ForwardResponse] = []
+        completions: list[Any] = []
+
+        async def complete() -> None:
+            completions.append(await client.complete(model=MODEL, prompt=PROMPT, max_tokens=10, seed=3))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, results, gen(return_token_ids=True))
+            nursery.start_soon(complete)
+            await engine.stats.wait_for(lambda s: s.running == 2)
+            await trio.sleep(0.45)  # four tokens decoded each
+            await update(client, "v1")
+        [r] = results
+        assert r.weight_version == "default, v1"
+        assert r.json()["choices"][0]["weight_versions"] == [
+            {"version": "default", "start": 0, "end": 4},
+            {"version": "v1", "start": 4, "end": 10},
+        ]
+        [done] = completions
+        assert [s["version"] for s in done.choices[0].weight_versions] == ["default", "v1"]

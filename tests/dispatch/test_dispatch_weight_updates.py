@@ -47,7 +47,7 @@ async def test_keep_freezes_in_flight_and_answers_name_both_versions(
             assert r.json()["choices"][0]["token_ids"] == expected_tokens(
                 "sim-base", PROMPT, 3, 0, 10
             )
-            assert r.weight_version == "none, v2"  # decoded under both: the mode says so
+            assert r.weight_version == "default, v2"  # decoded under both: the mode says so
         assert engine.stats.pauses == {"keep": 1} and engine.stats.resumes == 1
         assert engine.stats.completed_mixed == 4 and engine.rl.weight_version == "v2"
         assert client.weight_version == "v2"

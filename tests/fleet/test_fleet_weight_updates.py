@@ -177,3 +177,48 @@ async def test_a_request_the_engine_held_across_a_continue_pause_names_the_new_v
         assert len(choice["token_ids"]) == 30 and engine.stats.tokens_decoded == 30
         assert reply.headers["x-weight-version"] == "v5"  # run after the resume only
         assert choice["weight_versions"] == [{"version": "v5", "start": 0, "end": 30}]
+
+
+async def test_a_resume_on_one_member_overtaking_a_wait_pause_on_another_leaves_nothing_paused(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    # Member A takes a wait pause with generations in flight; while the members
+    # drain, member B takes a resume. Whatever the order the calls reach the
+    # engine in, it ends resumed and every gate open (before: B resumed the not
+    # yet paused engine, then A paused it; new requests hung on it).
+    async with open_sim(decode_ms_per_token=20) as engine, AsyncExitStack() as stack:
+        a, b = await open_members(engine.url, valkey, fleet_name, stack)
+        with trio.fail_after(30):
+            await until_members([a, b], 2)
+        ca = await stack.enter_async_context(httpx.AsyncClient(base_url=a.url, timeout=30))
+        cb = await stack.enter_async_context(httpx.AsyncClient(base_url=b.url, timeout=30))
+        replies: list[httpx.Response] = []
+        paused: list[httpx.Response] = []
+
+        async def complete(client: httpx.AsyncClient) -> None:
+            replies.append(await client.post("/v1/completions", content=orjson.dumps(BODY)))
+
+        async def pause() -> None:
+            paused.append(await ca.post("/admin/pause", json={"engine_mode": "wait"}))
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for client in (ca, cb):
+                    nursery.start_soon(complete, client)
+                await engine.stats.wait_for(lambda s: s.running == 2)
+                nursery.start_soon(pause)
+                while not all(e.paused for gw in (a, b) for e in gw.state.client.engines.list()):
+                    await a.state.fleet.wait_tick()  # every member gated: draining
+                resumed = await cb.post("/admin/resume", json={"weight_version": "v2"})
+                assert resumed.status_code == 200, resumed.text
+        [p] = paused
+        assert p.status_code in (200, 409), p.text  # 409 pause_overtaken when it came second
+        if p.status_code == 409:
+            assert p.json()["error"]["code"] == "pause_overtaken"
+        assert [r.status_code for r in replies] == [200, 200]
+        assert engine.stats.pauses == {"wait": 1} and not engine.rl.paused
+        assert engine.stats.resumes >= 1 and engine.rl.weight_version == "v2"
+        assert not any(e.paused for gw in (a, b) for e in gw.state.client.engines.list())
+        with trio.fail_after(30):  # dispatched to the engine and answered, from both members
+            for client in (ca, cb):
+                assert (await client.post("/v1/completions", content=orjson.dumps(BODY))).status_code == 200

@@ -104,3 +104,32 @@ async def test_token_routes_take_the_api_key(fd_baseline: int) -> None:
             ok = await c.post("/generate", json=GEN, headers={"Authorization": "Bearer k1"})
             assert ok.status_code == 200
         assert engine.stats.by_path["/generate"] == 1
+
+
+async def test_generate_refuses_a_rid_list_that_does_not_fit_the_prompts(fd_baseline: int) -> None:
+    # One prompt with a list rid (SGLang: 400 since its fix, 500 before) or a batch
+    # whose rid list has another length: 400 in SGLang's error shape
+    # (error.message), nothing sent to the engine, no internal id anywhere.
+    async with open_sim(kind="sglang") as engine, open_gateway(engine.url) as gw:
+        await kinds(gw)
+        before = engine.stats.by_path["/generate"]
+        bodies = [
+            {**GEN, "rid": ["a", "b"]},
+            {**GEN, "text": "hello", "input_ids": None, "rid": ["a"]},
+            {**GEN, "input_ids": [[1, 2], [3]], "rid": ["a", "b", "c"]},
+            {**GEN, "rid": 7},
+        ]
+        async with httpx.AsyncClient(base_url=gw.url) as c:
+            for body in bodies:
+                body = {k: v for k, v in body.items() if v is not None}
+                r = await c.post("/generate", json=body)
+                direct_answer = await direct(engine, "/generate", body)
+                assert r.status_code == 400 == direct_answer.status_code, (body, r.text)
+                error = r.json()["error"]
+                assert error["param"] == "rid" and isinstance(error["message"], str)
+                assert isinstance(direct_answer.json()["error"]["message"], str)
+                assert r.headers["x-request-id"] not in r.text  # no internal id leaks
+            ok = await c.post("/generate", json={**GEN, "input_ids": [[1, 2], [3]], "rid": ["a", "b"]})
+        assert ok.status_code == 200 and [i["meta_info"]["id"] for i in ok.json()] == ["a", "b"]
+        assert engine.stats.by_path["/generate"] - before == len(bodies) + 1  # the direct ones and the batch
+        assert await gw.pool_active() == 0

@@ -78,3 +78,92 @@ async def test_a_token_route_continued_through_the_gateway_keeps_the_callers_id(
         )
         assert engine.stats.tokens_decoded == budget  # nothing decoded twice
         assert await gw.pool_active() == 0
+
+
+async def test_a_continued_vllm_token_request_without_max_tokens_gets_no_fresh_default(
+    fd_baseline: int,
+) -> None:
+    # vLLM 0.32's token route runs a request with no max_tokens to the model length
+    # (tests/sim/vllm_0_32_fixtures/tokens_generate_no_max_tokens.json); continued
+    # with prompt + tokens so far and still no max_tokens, it ends at the same
+    # total: never the tokens so far plus a fresh default.
+    max_model_len, prompt = 303, [1, 2, 3]
+    body = {"token_ids": prompt, "sampling_params": {}, "request_id": "mine"}
+    async with (
+        open_sim(decode_ms_per_token=10, scale_out=True, max_model_len=max_model_len) as engine,
+        open_gateway(engine.url) as gw,
+    ):
+        await kinds(gw)
+        detected = engine.stats.by_path["/inference/v1/generate"]  # the kind detection's POST {}
+        out: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            assert (await c.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
+
+            async def one() -> None:
+                out.append(await c.post("/inference/v1/generate", json=body))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one)
+                await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
+                paused = await c.post(
+                    "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
+                )
+                assert paused.status_code == 200, paused.text
+                assert (
+                    await c.post("/admin/resume", json={"weight_version": "v2"})
+                ).status_code == 200
+        [r] = out
+        assert r.status_code == 200 and r.headers["x-weight-version"] == "v1, v2"
+        [choice] = r.json()["choices"]
+        assert len(choice["token_ids"]) == max_model_len - len(prompt)
+        assert choice["finish_reason"] == "length"
+        assert [s["version"] for s in choice["weight_versions"]] == ["v1", "v2"]
+        # The first attempt and one continuation:
+        assert engine.stats.by_path["/inference/v1/generate"] - detected == 2
+        assert engine.stats.tokens_decoded == max_model_len - len(prompt)  # nothing decoded twice
+        assert await gw.pool_active() == 0
+
+
+@pytest.mark.parametrize("path", ["/generate", "/inference/v1/generate"])
+async def test_tokens_decoded_before_any_version_was_recorded_are_labelled_default_on_every_route(
+    fd_baseline: int, path: str
+) -> None:
+    # No version recorded yet, then a continue pause and a resume to "v1": the
+    # first segment's span is "default" on every route — what SGLang and vLLM's
+    # token route call the weights they started with — never null; the header
+    # names the same two ("default, v1"). /v1/completions and client.complete():
+    # tests/dispatch/test_dispatch_continue.py.
+    sglang = path == "/generate"
+    options: dict[str, Any] = {"kind": "sglang"} if sglang else {"scale_out": True}
+    budget = 300
+    if sglang:
+        body: dict[str, Any] = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": budget}}
+    else:
+        body = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": budget}}
+    async with (
+        open_sim(decode_ms_per_token=10, **options) as engine,
+        open_gateway(engine.url) as gw,
+    ):
+        await kinds(gw)
+        out: list[httpx.Response] = []
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+
+            async def one() -> None:
+                out.append(await c.post(path, json=body))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one)
+                await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
+                paused = await c.post(
+                    "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
+                )
+                assert paused.status_code == 200, paused.text
+                resumed = await c.post("/admin/resume", json={"weight_version": "v1"})
+                assert resumed.status_code == 200
+        [r] = out
+        assert r.status_code == 200 and r.headers["x-weight-version"] == "default, v1"
+        doc = r.json()
+        spans = doc["meta_info"]["weight_versions"] if sglang else doc["choices"][0]["weight_versions"]
+        assert [s["version"] for s in spans] == ["default", "v1"]
+        assert spans[-1]["end"] == budget
+        assert await gw.pool_active() == 0

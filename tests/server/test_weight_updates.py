@@ -46,7 +46,7 @@ async def test_keep_pause_then_resume_with_a_version_over_http(
                     assert resumed.json()["weight_version"] == "step-120"
                     assert resumed.json()["engine_pauses"] == {}
             assert [r.status_code for r in replies] == [200, 200]
-            assert {r.headers["x-weight-version"] for r in replies} == {"none, step-120"}
+            assert {r.headers["x-weight-version"] for r in replies} == {"default, step-120"}
             after = await client.post("/v1/completions", json=BODY)
             assert after.headers["x-weight-version"] == "step-120"
             stream = await client.post("/v1/completions", json={**BODY, "stream": True})
@@ -54,7 +54,7 @@ async def test_keep_pause_then_resume_with_a_version_over_http(
             metrics = (await client.get("/metrics")).text
         assert 'trioforward_weight_version_requests_total{weight_version="step-120"} 2.0' in metrics
         # The two answers that spanned the update are not a version of their own.
-        assert "none, step-120" not in metrics
+        assert "default, step-120" not in metrics
         assert "trioforward_weight_version_mixed_requests_total 2.0" in metrics
         assert engine.rl.weight_version == "step-120" and engine.stats.completed_mixed == 2
         assert "version=step-120" in caplog.text
@@ -305,3 +305,43 @@ async def test_an_sglang_generate_ended_by_an_abort_pause_is_replayed_not_handed
         meta = replies[0].json()["meta_info"]
         assert meta["finish_reason"]["type"] == "length" and len(replies[0].json()["output_ids"]) == 40
         assert engine.stats.by_path["/generate"] == 2  # replayed whole
+
+
+async def test_a_resume_sent_while_a_wait_pause_drains_leaves_no_engine_paused(
+    fd_baseline: int,
+) -> None:
+    # The field report: POST /admin/pause {"engine_mode": "wait"} with generations
+    # in flight, POST /admin/resume {} while it drains. The pause answers 409
+    # pause_overtaken, /admin/engines and the engine agree it is not paused, and
+    # a new request is answered (before: it hung on the still paused engine).
+    # (SGLang's kind: tests/dispatch/test_dispatch_pause_order.py.)
+    async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        replies: list[httpx.Response] = []
+        paused: list[httpx.Response] = []
+        body = {**BODY, "prompt": [1, 2, 3]}
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+
+            async def one() -> None:
+                replies.append(await client.post("/v1/completions", json=body))
+
+            async def pause() -> None:
+                paused.append(await client.post("/admin/pause", json={"engine_mode": "wait"}))
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(2):
+                        nursery.start_soon(one)
+                    await engine.stats.wait_for(lambda s: s.running == 2)
+                    nursery.start_soon(pause)
+                    # The engine got /pause?mode=wait: the pause drains now.
+                    await engine.stats.wait_for(lambda s: s.pauses["wait"] == 1)
+                    resumed = await client.post("/admin/resume", json={})
+                    assert resumed.status_code == 200, resumed.text
+                [p] = paused
+                assert p.status_code == 409 and p.json()["error"]["code"] == "pause_overtaken", p.text
+                engines = (await client.get("/admin/engines")).json()["engines"]
+                assert [e["paused"] for e in engines] == [False] and not engine.rl.paused
+                again = await client.post("/v1/completions", json=body)
+        assert [r.status_code for r in replies] == [200, 200] and again.status_code == 200
+        assert engine.stats.completed == 3 and engine.stats.resumes == 1
+        assert await gw.pool_active() == 0

@@ -214,3 +214,40 @@ async def test_vllm_abort_of_a_request_already_answering_leaves_it_whole(
         (reply,) = replies
         assert reply.status == 200 and reply.json()["choices"][0]["finish_reason"] == "length"
         assert engine.stats.pause_aborted == 0 and engine.stats.completed == 1
+
+
+async def test_abort_pause_answers_when_a_hang_up_lands_in_the_same_tick_as_the_abort(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The race of an abort pause with whole replay: the gateway closes a stream
+    # just before /pause; the pause counts the run as owed an abort answer, and
+    # the sim's disconnect watcher cancels the exchange before the run wakes.
+    # The outer cancellation leaves the run's own cancelled scope, so no abort
+    # answer is written: the pause must still answer (it waited forever).
+    from trioforward.sim._rl import RLControl
+    from trioforward.sim._stats import EngineStats
+
+    rl = RLControl("vllm", EngineStats(), lambda: None)
+    answered: list[str] = []
+
+    async def aborted(run: Any) -> None:
+        answered.append(run.rid)
+
+    exchange = trio.CancelScope()  # what the disconnect watcher cancels
+
+    async def decode(run: Any) -> None:
+        await trio.sleep_forever()
+
+    async def stream() -> None:
+        with exchange:
+            await rl.generation("cmpl-1-0", decode, aborted)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(rl.runs) == 1
+        assert rl.abort() == 1  # the pause's abort ...
+        exchange.cancel()  # ... and the hang-up, before the run wakes
+        with trio.fail_after(60):  # autojump clock: a hang fails at once
+            await rl.pause("abort")
+    assert answered == [] and rl.runs == {} and rl.stats.pause_aborted == 1

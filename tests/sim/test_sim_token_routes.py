@@ -8,6 +8,7 @@ import orjson
 import trio
 import trio.testing
 from simclient import Reply, request
+from vllm_probes import FIXTURES
 
 from trioforward.sim import expected_completion, open_engine
 
@@ -170,3 +171,40 @@ async def test_vllm_token_route_only_with_scale_out(fd_baseline: int) -> None:
         deltas = [c["choices"][0]["token_ids"] for c in chunks[:-1]]  # type: ignore[index]
         assert sum(deltas, []) == tokens and chunks[-1]["usage"]["completion_tokens"] == 3  # type: ignore[index]
         assert (await request(engine, "POST", "/inference/v1/abort_requests", {})).status == 400
+
+
+async def test_vllm_token_route_without_max_tokens_runs_to_the_model_length(fd_baseline: int) -> None:
+    # As vLLM 0.32 answered (tests/sim/vllm_0_32_fixtures/tokens_generate_no_max_tokens.json:
+    # a 4-token prompt, model length 256, 252 tokens), not /v1/completions' 16.
+    recorded = orjson.loads(
+        (FIXTURES / "tokens_generate_no_max_tokens.json").read_bytes()
+    )["body"]["usage"]
+    assert (recorded["prompt_tokens"], recorded["completion_tokens"]) == (4, 252)
+    async with open_engine(scale_out=True, max_model_len=256) as engine:
+        for params in ({"temperature": 0}, {"max_tokens": None}):
+            body = {"token_ids": [0, 1, 2, 3], "sampling_params": params}
+            doc = (await request(engine, "POST", "/inference/v1/generate", body)).json()
+            [choice] = doc["choices"]
+            assert len(choice["token_ids"]) == 252 and choice["finish_reason"] == "length"
+            assert doc["usage"]["completion_tokens"] == recorded["completion_tokens"]
+        assert engine.stats.tokens_decoded == 2 * 252
+    async with open_engine(scale_out=True) as engine:  # no model length: docs/sim.md's 2048
+        body = {"token_ids": [0, 1, 2, 3], "sampling_params": {}}
+        doc = (await request(engine, "POST", "/inference/v1/generate", body)).json()
+        assert len(doc["choices"][0]["token_ids"]) == 2048 - 4
+
+
+async def test_vllm_completions_take_a_boolean_logprobs_as_vllm_does(fd_baseline: int) -> None:
+    # vLLM 0.32 (completion_logprobs_true / _false.json): true is logprobs 1, false is 0.
+    for name, flag in (("completion_logprobs_true", True), ("completion_logprobs_false", False)):
+        recorded = orjson.loads((FIXTURES / f"{name}.json").read_bytes())
+        assert recorded["status"] == 200
+        assert len(recorded["body"]["choices"][0]["logprobs"]["token_logprobs"]) == 3
+        async with open_engine() as engine:
+            base = {"model": "sim-base", "prompt": [1, 2, 3], "max_tokens": 3, "seed": 5}
+            got = await request(engine, "POST", "/v1/completions", {**base, "logprobs": flag})
+            same = await request(engine, "POST", "/v1/completions", {**base, "logprobs": int(flag)})
+            assert got.status == 200, got.body
+            assert got.json()["choices"][0]["logprobs"] == same.json()["choices"][0]["logprobs"]
+            if not flag:  # logprobs 0: the sampled token's alone
+                assert all(len(t) == 1 for t in got.json()["choices"][0]["logprobs"]["top_logprobs"])

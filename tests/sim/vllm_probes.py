@@ -99,6 +99,10 @@ PROBES: list[Probe] = [
         _cmpl(stream=True, n=2, seed=3, temperature=1.0, max_tokens=4),
         stream=True,
     ),
+    # A boolean "logprobs" (some clients send it): vLLM's pydantic model reads it as
+    # the int it coerces to, true = 1, false = 0 (logprobs of the sampled token).
+    Probe("completion_logprobs_true", C, _cmpl(logprobs=True, max_tokens=3)),
+    Probe("completion_logprobs_false", C, _cmpl(logprobs=False, max_tokens=3)),
     Probe("chat", CHAT, _chat(logprobs=True, top_logprobs=1, return_token_ids=True)),
     Probe("chat_stream", CHAT, _chat(stream=True, stream_options=USAGE, max_tokens=4), stream=True),
     Probe("no_model_field", C, {"prompt": "Hi", "max_tokens": 2}),
@@ -128,6 +132,9 @@ PROBES: list[Probe] = [
         {**_tokens(logprobs=0), "stream": True, "stream_options": USAGE},
         stream=True,
     ),
+    # No max_tokens: the generation runs to the model length (252 = 256 - 4 here),
+    # not /v1/completions' default of 16.
+    Probe("tokens_generate_no_max_tokens", GEN, {"token_ids": PROMPT_IDS, "sampling_params": {"temperature": 0}}),
     Probe("tokens_err_missing_token_ids", GEN, {"sampling_params": {"max_tokens": 2}}),
     Probe("tokens_err_token_ids_type", GEN, {**_tokens(), "token_ids": "hello"}),
     Probe("tokens_err_missing_sampling_params", GEN, {"token_ids": PROMPT_IDS}),

@@ -337,13 +337,13 @@ class ControlPlane:
             urls = [u for u in newly if want[u] == mode]
             await client.pause(urls, **fleet_pause_args(mode))
         if want_all is None and self._paused_all:
-            await client.resume(None)
+            await client.resume(None, call_engines=False)
             # resume(None) resumed every engine: pause again the ones still listed.
             if want:
                 await client.pause(list(want), "wait")
         gone = [url for url in self._paused if url not in want and url in known]
         if gone and (want_all is None):
-            await client.resume(gone)
+            await client.resume(gone, call_engines=False)
         self._paused_all = want_all is not None
         self._paused = set(want)
         for url, op in engines.items():

@@ -37,12 +37,13 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import orjson
+import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward._engine_url import EngineURLError, engine_url
 from trioforward.dispatch import ENGINE_KINDS, ENGINE_MODES, fleet_pause_value, pause_conflict
-from trioforward.errors import EngineControlError
+from trioforward.errors import EngineControlError, PauseOvertaken
 from trioforward.server._abort import abort_args, abort_here
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._state import GatewayState, get_state
@@ -164,17 +165,61 @@ async def _fleet_pause(
 ) -> None:
     """A fleet-wide pause (docs/operations.md, "Fleet mode"): every member gates and
     does its own part through the control plane, then this member pauses the
-    engines once; if that fails, the fleet is resumed and the error raised."""
+    engines once; if that fails, the fleet is resumed and the error raised. A
+    resume (on any member) that cleared the pause meanwhile overtook it: the
+    engines are resumed again here, after this pause reached them, and
+    :class:`PauseOvertaken` is raised (docs/operations.md, "Overlapping control
+    calls")."""
     assert state.fleet is not None
     control = state.fleet.control
     await _fleet_wide(control.pause(engines, fleet_pause_value(mode, engine_mode, replay)))
     if engine_mode is None:
         return
+    weights = state.client.weights
+    targets = weights.targets(engines)
     try:
-        weights = state.client.weights
-        await weights.pause_engines(weights.targets(engines), engine_mode)
+        await weights.pause_engines(targets, engine_mode)
     except EngineControlError:
         await _fleet_wide(control.resume(engines))
+        # One whose pause outcome is still unknown (its rollback resume failed
+        # too) stays gated on every member until a resume reaches it.
+        stuck = [e.url for e in targets if e.url in weights.engine_pauses]
+        if stuck:
+            await _fleet_wide(control.pause(stuck, fleet_pause_value("wait", "keep", False)))
+        raise
+    # A resume clears the pause before it resumes the engines: still listed here
+    # means any resume comes after this pause reached the engines.
+    still = await _fleet_wide(control.paused_at_engine_level(engines))
+    if still is None or {e.url for e in targets} <= set(still):
+        return
+    with trio.CancelScope(shield=True):
+        await weights.resume_engines(targets, None)
+    raise PauseOvertaken(
+        "the pause was overtaken by a resume while in progress: the engines it reached"
+        " are resumed",
+        engine=targets[0].url if targets else None,
+    )
+
+
+async def _fleet_resume(state: GatewayState, engines: list[str] | None, version: str | None) -> None:
+    """A fleet-wide resume: the engines the fleet paused at the engine level (whoever
+    paused them; a gate-only pause never calls an engine) are read, the pause is
+    cleared on every member (they record ``version``, then open their gates),
+    and only then are the engines resumed and told ``version``: a pause still
+    reaching them finds itself cleared and resumes them again (:func:`_fleet_pause`).
+    An engine that fails to resume is paused again fleet-wide (``engine:keep``:
+    gated on every member) until a resume reaches it."""
+    assert state.fleet is not None
+    control = state.fleet.control
+    weights = state.client.weights
+    engine_level = await _fleet_wide(control.paused_at_engine_level(engines))
+    await _fleet_wide(control.resume(engines, weight_version=version))
+    try:
+        await weights.resume_engines(weights.targets(engine_level), version)
+    except EngineControlError:
+        failed = [url for url in weights.engine_pauses if engine_level is None or url in engine_level]
+        if failed:
+            await _fleet_wide(control.pause(failed, fleet_pause_value("wait", "keep", False)))
         raise
 
 
@@ -306,13 +351,7 @@ def install_admin_routes(app: QuartTrio) -> None:
             if state.fleet is None:
                 await state.client.resume(engines, weight_version=version)
             else:
-                # The engines the fleet paused at the engine level once (whoever
-                # paused them; a gate-only pause never calls an engine), then
-                # every member's gate.
-                weights = state.client.weights
-                engine_level = await _fleet_wide(state.fleet.control.paused_at_engine_level(engines))
-                await weights.resume_engines(weights.targets(engine_level), version)
-                await _fleet_wide(state.fleet.control.resume(engines, weight_version=version))
+                await _fleet_resume(state, engines, version)
         except EngineControlError as err:
             return json_response(err.to_json(), err.status)
         return json_response(_weights_json(state))

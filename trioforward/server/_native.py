@@ -67,6 +67,42 @@ def _validate(path: str, data: dict[str, Any]) -> None:
     stream = data.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("'stream' must be true or false", "stream")
+    if sglang:
+        _validate_rid(data)
+
+
+def _validate_rid(data: dict[str, Any]) -> None:
+    """SGLang's own ``rid`` rules (``io_struct.py``, ``_normalize_rid``): a string, or
+    for a batch a list of strings, one per prompt; a single prompt's list ``rid``
+    is refused too (SGLang answers 400 since its fix, 500 before). Checked here
+    because the gateway sends its own ids in their place and would otherwise
+    hide the mismatch (and hand back its internal id)."""
+    rid = data.get("rid")
+    if rid is None or isinstance(rid, str):
+        return
+    if not isinstance(rid, list) or not all(isinstance(r, str) for r in rid):
+        raise bad_request("The rid should be a string or a list of strings.", "rid")
+    prompts = _prompt_count(data)
+    if prompts is None:
+        raise bad_request(
+            "'rid' is a list but the request has one prompt: a single request takes a string rid",
+            "rid",
+        )
+    if len(rid) != prompts:
+        raise bad_request(
+            f"The specified rids length mismatch with the batch_size for batch processing"
+            f" ({len(rid)} rids, {prompts} prompts).",
+            "rid",
+        )
+
+
+def _prompt_count(data: dict[str, Any]) -> int | None:
+    """The prompts of an SGLang batch (``input_ids`` a list of lists, or ``text`` a
+    list), None for a single prompt."""
+    ids, text = data.get("input_ids"), data.get("text")
+    if ids is not None:
+        return len(ids) if isinstance(ids, list) and ids and isinstance(ids[0], list) else None
+    return len(text) if isinstance(text, list) else None
 
 
 def _start(call: Call) -> Awaitable[None]:
@@ -93,8 +129,8 @@ def _start(call: Call) -> Awaitable[None]:
         "tenant": call.tenant,
     }
     sent: list[str] = []  # each attempt's engine-side id
-    batch = kind == "sglang" and isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], list)
-    count = len(prompt) if batch and isinstance(prompt, list) and isinstance(caller, list) else 0
+    batch_size = _prompt_count(data) if kind == "sglang" else None
+    count = batch_size if batch_size is not None and isinstance(caller, list) else 0
 
     def render(engine: Any, engine_id: str) -> tuple[str, bytes]:
         sent.append(engine_id)
@@ -107,17 +143,17 @@ def _start(call: Call) -> Awaitable[None]:
     transform = _restore(caller, sent, log.request_id or "")
     relay = relay_stream if data.get("stream") else forward
     work = relay(state, path, forward_kw, call.send, log, transform)
-    return _served(call, kind, work, _caller_ids(caller, prompt, batch))
+    return _served(call, kind, work, _caller_ids(caller, batch_size))
 
 
-def _caller_ids(caller: Any, prompt: Any, batch: bool) -> list[str]:
+def _caller_ids(caller: Any, batch_size: int | None) -> list[str]:
     """The ids the engines' abort routes may name this request by (:mod:`._native_abort`):
     the caller's, and for an SGLang batch with one string ``rid`` its items' ``<rid>_<i>``."""
     if isinstance(caller, list):
         return [str(c) for c in caller]
     ids = [str(caller)]
-    if batch:
-        ids.extend(f"{caller}_{i}" for i in range(len(prompt)))
+    if batch_size is not None:
+        ids.extend(f"{caller}_{i}" for i in range(batch_size))
     return ids
 
 

@@ -214,6 +214,11 @@ def parse_generation(
         if body.get("logprobs"):
             gen.logprobs = _int(body, "top_logprobs", 0, 0, _MAX_LOGPROBS)
     else:
+        if isinstance(body.get("logprobs"), bool):
+            # vLLM 0.32 reads a boolean as the int pydantic coerces it to: true is
+            # 1, false is 0 (the sampled token's logprob); recorded in
+            # completion_logprobs_true / _false.
+            body = {**body, "logprobs": int(body["logprobs"])}
         gen.logprobs = _int(body, "logprobs", None, 0, _MAX_LOGPROBS)
     gen.prompt_logprobs = _int(body, "prompt_logprobs", None, 0, _MAX_LOGPROBS)
     gen.return_token_ids = bool(body.get("return_token_ids", False))

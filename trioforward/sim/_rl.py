@@ -144,14 +144,20 @@ class RLControl:
         serial = self._serial
         run = self.runs[serial] = Run(rid, self.weight_version)
         try:
-            with run.scope:
-                await work(run)
-        finally:
-            del self.runs[serial]
-        if run.aborted:
             try:
-                await aborted(run)
+                with run.scope:
+                    await work(run)
             finally:
+                del self.runs[serial]
+            if run.aborted:
+                await aborted(run)
+        finally:
+            # Given back however the run ends: an abort pause waits for this count.
+            # A client hang-up (the disconnect watcher cancelling the exchange) in
+            # the same tick as the abort makes the Cancelled leave ``run.scope``
+            # (trio lets an outer cancellation through an inner cancelled scope),
+            # skipping the abort answer; the count must still be given back.
+            if run.aborted:
                 self._unanswered -= 1
                 self.stats.changed()
 

@@ -161,6 +161,9 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
         batch = isinstance(text, list)
         texts: list[Any] = text if isinstance(text, list) else [text]
         prompts = [tokenize(t) for t in texts]
+    refused = _rid_refusal(data.get("rid"), len(prompts) if batch else None)
+    if refused is not None:
+        return _error(400, refused, stream)
     for p in prompts:
         if not isinstance(p, list) or not all(type(t) is int for t in p):
             return _contract("invalid type: expected a sequence of integers for input_ids")
@@ -322,3 +325,21 @@ def abort_request(engine: SimEngine, body: bytes) -> Answer:
     elif isinstance(rid, str) and rid:
         engine.rl.abort([r.rid for r in engine.rl.runs.values() if r.rid.startswith(rid)])
     return 200, b"", b""
+
+
+def _rid_refusal(rid: Any, batch_size: int | None) -> str | None:
+    """What SGLang's ``GenerateReqInput`` normalization refuses in ``rid`` (a 400
+    ``ValueError``; ``io_struct.py``, ``_normalize_rid``), or None. ``batch_size``:
+    None for a single prompt, whose list ``rid`` SGLang refuses since its fix
+    (before, a 500: the list reached a dict as a key)."""
+    if rid is None:
+        return None
+    if isinstance(rid, list) and all(isinstance(r, str) for r in rid):
+        if batch_size is None:
+            return "The rid should be a string for a single request, got a list."
+        if len(rid) != batch_size:
+            return "The specified rids length mismatch with the batch_size for batch processing."
+        return None
+    if isinstance(rid, str):
+        return None
+    return "The rid should be a string or a list of strings."

@@ -59,6 +59,11 @@ def _bad(message: str, param: str | None = None) -> Answer:
     return 400, _JSON, error_body(message, "BadRequestError", 400, param)
 
 
+#: The model length the token route's default budget runs to on a simulated
+#: engine started without ``max_model_len`` (docs/sim.md, "Token routes").
+UNSET_MODEL_LEN = 2048
+
+
 def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native | Answer:
     try:
         data = orjson.loads(body)
@@ -83,8 +88,8 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
             "sampling_params", "dictionary", params
         )
         return err.status, _JSON, err.body()
-    max_tokens = params.get("max_tokens", 16)
-    if type(max_tokens) is not int or max_tokens < 0:
+    max_tokens = params.get("max_tokens")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 0):
         return _bad_params(params, invalid_field("sampling_params.max_tokens", "integer", max_tokens))
     model = data.get("model") or engine.adapters.base[0]
     if not engine.adapters.serves(model):
@@ -97,7 +102,14 @@ def parse(engine: SimEngine, body: bytes, headers: dict[bytes, bytes]) -> Native
                 f"{engine.max_model_len}. Make sure that `max_model_len` is no smaller than the number "
                 "of text tokens."
             )
-        max_tokens = min(max_tokens, engine.max_model_len - len(ids))
+    # No max_tokens (or null): vLLM 0.32's token route generates up to the model
+    # length left by the prompt (``serving.py``: ``get_max_tokens``; recorded in
+    # ``tokens_generate_no_max_tokens``), not /v1/completions' default of 16.
+    room = (engine.max_model_len or UNSET_MODEL_LEN) - len(ids)
+    if max_tokens is None:
+        max_tokens = room
+    elif engine.max_model_len is not None:
+        max_tokens = min(max_tokens, room)
     stop = params.get("stop") or []
     gen = Generation(
         chat=False,

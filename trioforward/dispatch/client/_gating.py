@@ -65,33 +65,53 @@ class PauseGate:
 
         Raises ``KeyError`` for an unknown engine, ``ValueError`` for a bad
         mode, :class:`~trioforward.dispatch.EngineControlError` (naming the
-        engine) when an engine fails to pause — the others are then resumed.
+        engine) when an engine fails to pause — the others, and any whose
+        answer never came, are then resumed — and
+        :class:`~trioforward.errors.PauseOvertaken` when a :meth:`resume`
+        arrived while it was in progress. A pause behind another waits for it.
         """
         if mode not in ("wait", "abort"):
             raise ValueError(f"pause mode must be 'wait' or 'abort', got {mode!r}")
         targets = self._targets(engines)
-        was_all = self._paused_all
-        if engines is None:
-            self._paused_all = True
-        try:
-            await self.weights.pause(targets, mode, engine_mode, replay, call_engines)
-        except BaseException:
-            self._paused_all = was_all
-            raise
+        # One control call at a time, in arrival order: a pause behind another
+        # waits for it (docs/operations.md, "Overlapping control calls").
+        async with self.weights.order:
+            was_all = self._paused_all
+            if engines is None:
+                self._paused_all = True
+            try:
+                await self.weights.pause(targets, mode, engine_mode, replay, call_engines)
+            except BaseException:
+                self._paused_all = was_all
+                raise
 
     async def resume(
-        self, engines: Iterable[str] | None = None, *, weight_version: str | None = None
+        self,
+        engines: Iterable[str] | None = None,
+        *,
+        weight_version: str | None = None,
+        call_engines: bool = True,
     ) -> None:
         """Resume the engines paused with an ``engine_mode`` (telling them
         ``weight_version``), record ``weight_version`` (every later answer carries
         it), then let dispatch start again; waiting requests go in FIFO order.
-        Raises ``ValueError`` for a bad version, :class:`EngineControlError` for an
-        engine that failed to resume (it stays paused; the others are resumed).
+        A pause still in progress on any of ``engines`` is overtaken first (it
+        raises :class:`~trioforward.errors.PauseOvertaken`); the engines it reached
+        are resumed here. ``call_engines=False``: the gate only (a fleet member;
+        the member that took the resume resumes the engines once). Raises
+        ``ValueError`` for a bad version,
+        :class:`EngineControlError` for an engine that failed to resume (it stays
+        paused; the others are resumed).
         """
         targets = self._targets(engines)
-        if engines is None:
-            self._paused_all = False
-        await self.weights.resume(targets, weight_version)
+        # A pause still draining or waiting for an engine's answer is cut short
+        # (it raises PauseOvertaken); its engines are resumed here, after it ended,
+        # so nothing it does afterwards leaves an engine paused behind an open gate.
+        self.weights.overtake(targets)
+        async with self.weights.order:
+            if engines is None:
+                self._paused_all = False
+            await self.weights.resume(targets, weight_version, call_engines)
         await trio.lowlevel.checkpoint()
 
     @property

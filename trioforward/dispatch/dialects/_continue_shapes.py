@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from trioforward.codec import span_version
+
 __all__ = [
     "SGLANG",
     "VLLM",
@@ -65,6 +67,7 @@ class Sequence:
 
     def add(self, ids: list[int], lists: dict[str, Any], version: str | None) -> None:
         start, end = len(self.tokens), len(self.tokens) + len(ids)
+        version = span_version(version)
         if ids:
             if self.spans and self.spans[-1]["version"] == version:
                 self.spans[-1]["end"] = end

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from trioforward.codec import UNVERSIONED, span_version
 from trioforward.dispatch.attempts._counts import ContinueCounts
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects._events import COMPLETIONS, DEFAULT_MAX_TOKENS
@@ -176,6 +177,7 @@ class Generation:
         continuation), not from the generation's (a stream's deltas)."""
         ids = choice.get("token_ids") or []
         start = len(self.tokens)
+        version = span_version(version)
         if ids:
             if self.spans and self.spans[-1]["version"] == version:
                 self.spans[-1]["end"] = start + len(ids)
@@ -211,7 +213,7 @@ class Generation:
         out["stop_reason"] = self.stop
         out["prompt_token_ids"] = None
         out["token_ids"] = self.tokens[tokens:] if ids else None
-        out["weight_versions"] = self.spans or [{"version": None, "start": 0, "end": 0}]
+        out["weight_versions"] = self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
         return out
 
     def end(self, finish: str) -> None:
@@ -230,7 +232,7 @@ class Generation:
         out["token_ids"] = self.tokens if ids else None
         if "prompt_token_ids" in out and not ids:
             out["prompt_token_ids"] = None
-        spans = self.spans or [{"version": None, "start": 0, "end": 0}]
+        spans = self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
         out["weight_versions"] = spans
         return out
 
@@ -281,7 +283,7 @@ def spanned(content: bytes, version: str | None, ids: bool) -> bytes:
         choices = doc["choices"]
         for choice in choices:
             length = len(choice.get("token_ids") or [])
-            choice["weight_versions"] = [{"version": version, "start": 0, "end": length}]
+            choice["weight_versions"] = [{"version": span_version(version), "start": 0, "end": length}]
             if not ids:
                 choice["token_ids"] = None
                 if "prompt_token_ids" in choice:

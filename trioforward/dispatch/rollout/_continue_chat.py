@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from trioforward.codec import UNVERSIONED
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects._chat import budget_of, chat_entries, tokens_body, top_k
@@ -128,7 +129,7 @@ def _joined(doc: dict[str, Any], gens: list[Generation], k: int, ids: bool) -> b
         joined["finish_reason"] = gen.finish
         joined["stop_reason"] = gen.stop
         joined["token_ids"] = gen.tokens if ids else None
-        joined["weight_versions"] = gen.spans or [{"version": None, "start": 0, "end": 0}]
+        joined["weight_versions"] = gen.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
         choices.append(joined)
     out["choices"] = choices
     if not ids and "prompt_token_ids" in out:

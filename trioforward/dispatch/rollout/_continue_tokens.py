@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from trioforward.codec import CodecError, Completion
+from trioforward.codec import UNVERSIONED, CodecError, Completion, span_version
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects import _dialect_completions
@@ -66,6 +66,7 @@ class _Choice:
 
     def add(self, choice: Any, version: str | None) -> None:
         ids = [int(t) for t in choice.tokens]
+        version = span_version(version)
         if ids:
             start = len(self.tokens)
             if self.spans and self.spans[-1]["version"] == version:
@@ -89,7 +90,7 @@ class _Choice:
             "stop_reason": self.stop,
             "token_ids": self.tokens,
             "prompt_token_ids": self.prompt,
-            "weight_versions": self.spans or [{"version": None, "start": 0, "end": 0}],
+            "weight_versions": self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}],
         }
 
 

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
+from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
-from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
+from trioforward.errors import ContinuationLimit, DispatchAborted, TrioforwardError, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
@@ -51,13 +52,16 @@ async def continue_each(
 
 def count_continuation(dispatcher: Dispatcher, req: Request, piece: Any) -> None:
     """Count one more continuation of ``piece`` (its ``continuations`` and the
-    dispatcher's total). Raises :class:`DispatchAborted` (stamped with ``req``'s
-    attempts and phase) when it has had ``max_continuations`` already."""
+    dispatcher's total). Raises :class:`ContinuationLimit` (stamped with ``req``'s
+    attempts; phase ``queued``: the continuation it refuses is never dispatched)
+    when it has had ``max_continuations`` already."""
     limit = dispatcher.settings.max_continuations
     if piece.continuations >= limit:
         raise req.stamp(
-            DispatchAborted(
-                f"continued {limit} times after abort pauses (max_continuations)", phase=req.phase
+            ContinuationLimit(
+                f"aborted by a pause after {limit} continuations (max_continuations):"
+                " not continued again",
+                phase=Phase.QUEUED,
             )
         )
     piece.continuations += 1

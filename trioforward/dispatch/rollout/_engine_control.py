@@ -193,9 +193,9 @@ class EngineControl:
                 deadline=trio.current_time() + limit,
             )
         except PoolError as exc:
-            raise EngineControlError(
-                f"engine {url}: {method} {path} failed: {exc}", engine=url
-            ) from exc
+            err = EngineControlError(f"engine {url}: {method} {path} failed: {exc}", engine=url)
+            err.answered = False  # no answer: the call may have taken effect
+            raise err from exc
         try:
             body = orjson.loads(response.content) if response.content else None
         except orjson.JSONDecodeError:

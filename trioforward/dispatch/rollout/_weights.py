@@ -35,6 +35,7 @@ from typing import Any
 
 import trio
 
+from trioforward.codec import span_version
 from trioforward.dispatch.attempts._dispatch import Dispatcher
 from trioforward.dispatch.engines._engines import Engine, Registry
 from trioforward.dispatch.rollout._continue import CONTINUE, replay_mode
@@ -43,6 +44,7 @@ from trioforward.dispatch.rollout._engine_control import (
     EngineControl,
     EngineControlError,
 )
+from trioforward.errors import PauseOvertaken
 
 __all__ = [
     "WeightUpdates",
@@ -92,10 +94,12 @@ def pause_conflict(mode: str, engine_mode: str | None, replay: bool | str | None
 def version_label(start: str | None, end: str | None) -> str | None:
     """``X-Weight-Version`` of an answer dispatched under ``start`` and finished under
     ``end``: one version, or both (``"step-119, step-120"``) when a keep pause
-    spanned an update; ``None`` when no version was ever recorded."""
+    spanned an update; ``None`` when no version was ever recorded. A side with no
+    version recorded is named as its spans name it, ``"default"``
+    (:data:`~trioforward.codec.UNVERSIONED`)."""
     if start == end:
         return start
-    return f"{start or 'none'}, {end or 'none'}"
+    return f"{span_version(start)}, {span_version(end)}"
 
 
 class WeightUpdates:
@@ -106,7 +110,15 @@ class WeightUpdates:
         self._dispatcher = dispatcher
         self.control = control
         self.versions: Any = None  # the client's VersionGate (_versions.py)
-        self.engine_pauses: dict[str, EnginePause] = {}  # engine URL -> its pause
+        # Engine URL -> its pause, recorded *before* the engine is asked: an engine
+        # whose pause answer never came may be paused, and every resume (and the
+        # rollback of a failed pause) resumes what is recorded here.
+        self.engine_pauses: dict[str, EnginePause] = {}
+        #: Pause and resume calls run one at a time, in arrival order (trio's Lock
+        #: is FIFO); a resume first overtakes a pause still in progress
+        #: (:meth:`overtake`). docs/operations.md, "Overlapping control calls".
+        self.order = trio.Lock()
+        self._running: tuple[trio.CancelScope, set[str]] | None = None
 
     def targets(self, urls: list[str] | None) -> list[Engine]:
         """The registered engines named by ``urls`` (all if ``None``); ``KeyError`` if unknown."""
@@ -121,6 +133,16 @@ class WeightUpdates:
 
     # -- pause ---------------------------------------------------------------------
 
+    def overtake(self, targets: list[Engine]) -> None:
+        """Cut short the pause in progress if it touches ``targets`` (a resume is
+        coming): its drain and its engine calls are cancelled, it raises
+        :class:`PauseOvertaken` and leaves the gate and the engines it reached
+        (recorded in :attr:`engine_pauses`) to the resume."""
+        if self._running is not None:
+            scope, urls = self._running
+            if urls & {e.url for e in targets}:
+                scope.cancel()
+
     async def pause(
         self,
         targets: list[Engine],
@@ -134,7 +156,31 @@ class WeightUpdates:
         ``"continue"`` (docs/operations.md). ``call_engines=False``: this process's
         part only (a fleet member; another member pauses the engines once:
         :meth:`pause_engines`). Raises ``ValueError`` for a bad mode or replay,
-        :class:`EngineControlError`."""
+        :class:`EngineControlError`, :class:`PauseOvertaken` when a resume cut it
+        short (:meth:`overtake`). The caller holds :attr:`order`."""
+        scope = trio.CancelScope()
+        self._running = (scope, {e.url for e in targets})
+        try:
+            with scope:
+                await self._pause(targets, mode, engine_mode, replay, call_engines, scope)
+        finally:
+            self._running = None
+        if scope.cancelled_caught:
+            raise PauseOvertaken(
+                "the pause was overtaken by a resume while in progress: the engines it"
+                " had reached are resumed with it",
+                engine=targets[0].url if targets else None,
+            )
+
+    async def _pause(
+        self,
+        targets: list[Engine],
+        mode: str,
+        engine_mode: str | None,
+        replay: bool | str | None,
+        call_engines: bool,
+        scope: trio.CancelScope,
+    ) -> None:
         if engine_mode is not None and engine_mode not in ENGINE_MODES:
             raise ValueError(
                 f"engine_mode must be one of {', '.join(ENGINE_MODES)}, got {engine_mode!r}"
@@ -170,8 +216,12 @@ class WeightUpdates:
             try:
                 await self.pause_engines(targets, engine_mode)
             except BaseException:
-                for engine in gated:
-                    self._registry.set_paused(engine, False)
+                if not scope.cancel_called:  # overtaken: the resume opens the gate
+                    for engine in gated:
+                        # One whose pause outcome is still unknown (its rollback
+                        # resume failed too) stays gated until a resume.
+                        if engine.url not in self.engine_pauses:
+                            self._registry.set_paused(engine, False)
                 raise
         now = trio.current_time()
         if engine_mode in ("keep", "retract"):
@@ -204,35 +254,56 @@ class WeightUpdates:
             await _wait_idle(targets)
 
     async def pause_engines(self, targets: list[Engine], mode: str) -> None:
-        """Pause the engines themselves, at once, all or nothing (the engines that
-        did pause are resumed, then :class:`EngineControlError` names the failure)."""
+        """Pause the engines themselves, at once, all or nothing: the engines that
+        did pause, and those whose answer never came (their pause may have taken
+        effect), are resumed, then :class:`EngineControlError` names the failure.
+        Each is recorded in :attr:`engine_pauses` before it is asked, so a resume
+        arriving meanwhile resumes it too. An engine that cannot be resumed then
+        stays recorded (and, through :meth:`pause`, gated) until a resume."""
         done: list[Engine] = []
         failed: list[tuple[Engine, BaseException]] = []
+        unknown: list[Engine] = []
 
         async def one(engine: Engine) -> None:
+            before = self.engine_pauses.get(engine.url)
             try:
                 kind = await self.control.kind(engine.url)
                 if kind == "sglang" and mode == "wait":
                     await engine.wait_idle()  # SGLang has no wait mode: drain ours first
+                if kind != "none":  # an engine without pause endpoints: paused at the gateway only
+                    self.engine_pauses[engine.url] = EnginePause(kind, mode, trio.current_time())
                 await self.control.pause(engine.url, kind, mode)
             except EngineControlError as exc:
                 failed.append((engine, exc))
+                if not exc.answered and engine.url in self.engine_pauses:
+                    unknown.append(engine)
+                elif before is not None:  # it refused: as it was before this call
+                    self.engine_pauses[engine.url] = before
+                else:
+                    self.engine_pauses.pop(engine.url, None)
             else:
-                if kind != "none":  # an engine without pause endpoints: paused at the gateway only
-                    self.engine_pauses[engine.url] = EnginePause(kind, mode, trio.current_time())
                 done.append(engine)
 
         async with trio.open_nursery() as nursery:
             for engine in targets:
                 nursery.start_soon(one, engine)
         if failed:
-            # All or nothing: the engines that did pause go back to work.
+            # All or nothing: the engines that did (or may have) paused go back to work.
             with trio.CancelScope(shield=True):
-                await self._resume_engines(done, None)
+                back = [e for e in done + unknown if e.url in self.engine_pauses]
+                stuck = await self._resume_engines(back, None)
             names = ", ".join(e.url for e, _ in failed)
+            held = (
+                "; still paused (their resume failed too), gated until a resume: "
+                + ", ".join(e.url for e in stuck)
+                if stuck
+                else ""
+            )
             raise EngineControlError(
-                f"engine pause failed on {names} (the other engines were resumed): "
-                + "; ".join(str(exc) for _, exc in failed),
+                f"engine pause failed on {names} (the other engines, and any whose answer"
+                " never came, were resumed): "
+                + "; ".join(str(exc) for _, exc in failed)
+                + held,
                 engine=failed[0][0].url,
             ) from failed[0][1]
 
@@ -251,10 +322,15 @@ class WeightUpdates:
 
     # -- resume ------------------------------------------------------------------
 
-    async def resume(self, targets: list[Engine], weight_version: str | None) -> None:
+    async def resume(
+        self, targets: list[Engine], weight_version: str | None, call_engines: bool = True
+    ) -> None:
         """Resume the engines paused at the engine level among ``targets`` (and tell
         them ``weight_version``), record the version, then open the gate. An engine
-        that fails stays paused; raises :class:`EngineControlError` naming it."""
+        that fails stays paused; raises :class:`EngineControlError` naming it.
+        ``call_engines=False``: a fleet member's part, the gate only; the member
+        that took the resume resumes the engines (:meth:`resume_engines`), so this
+        one forgets its own records of them."""
         if weight_version is not None and (
             not isinstance(weight_version, str)
             or not weight_version
@@ -265,6 +341,10 @@ class WeightUpdates:
                 f"weight_version must be printable ASCII of 1..{MAX_VERSION_LENGTH} characters"
             )
         paused = [e for e in targets if e.url in self.engine_pauses]
+        if not call_engines:
+            for engine in paused:
+                del self.engine_pauses[engine.url]
+            paused = []
         failed = await self._resume_engines(paused, weight_version)
         if weight_version is not None:
             self._dispatcher.weight_version = weight_version
