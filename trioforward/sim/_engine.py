@@ -46,6 +46,7 @@ from trioforward.sim._rl import RLControl
 from trioforward.sim._sglang_info import INFO_PATHS, serve_info
 from trioforward.sim._sglang_openai import error_body as sglang_error
 from trioforward.sim._stats import EngineStats
+from trioforward.sim._tokenize import serve_tokenize
 from trioforward.sim._token_routes import (
     CONTROL_PATHS,
     disabled_paths,
@@ -279,6 +280,9 @@ class SimEngine(OpenAIGeneration):
             return await ex.respond(*await self.adapters.load(body))
         if path == "/v1/unload_lora_adapter" and method == b"POST" and self.kind != "sglang":
             return await ex.respond(*self.adapters.unload(body))
+        if path == "/tokenize" and method == b"POST" and self.kind != "sglang":
+            status, answer = serve_tokenize(body, self.max_model_len)
+            return await ex.respond(status, _JSON, answer)
         if path == "/reset_prefix_cache" and method == b"POST":
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
