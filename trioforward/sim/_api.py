@@ -149,8 +149,10 @@ def render_messages(raw: Any, body: dict[str, Any]) -> list[int]:
     if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
         raise invalid_field("messages", "list", raw)
     parts = []
-    for m in raw:
+    for i, m in enumerate(raw):
         content = m.get("content") or ""
+        if not isinstance(content, str | list):  # vLLM: a validation error
+            raise invalid_field(f"messages.{i}.content", "string", content)
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         parts.append(f"{m.get('role', 'user')}: {content}\n")
