@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 from gateway_harness import Gateway, open_gateway
 
 from trioforward.sim import tokenize
@@ -43,3 +44,70 @@ async def test_second_turn_is_prompted_with_first_prompt_and_sampled_tokens(gate
     mask = sequence["loss_mask"]
     assert mask == [0] * len(p1) + [1] * len(t1) + [0] * (len(p2) - len(p1) - len(t1)) + [1] * 6
     assert engine.stats.by_path["/v1/completions"] == 2 and engine.stats.by_path["/v1/chat/completions"] == 1
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "description": "Run the test suite",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(gateway: Gateway, engine: Any) -> None:
+    from openai import AsyncOpenAI
+
+    async with httpx.AsyncClient(base_url=gateway.url) as admin:
+        assert (await admin.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
+        sdk = AsyncOpenAI(
+            base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0,
+            default_headers={"X-Session-Id": "agent-7"},
+        )  # fmt: skip
+        messages: list[Any] = [
+            {"role": "system", "content": "You fix failing tests."},
+            {"role": "user", "content": "tests/test_x.py fails"},
+        ]
+        answers = []
+        async with sdk:
+            for turn in range(10):
+                if turn == 5:  # the trainer pushed new weights mid-episode
+                    assert (await admin.post("/admin/resume", json={"weight_version": "v2"})).status_code == 200
+                answer = await sdk.chat.completions.create(
+                    model="sim-base", messages=messages, tools=TOOLS, max_tokens=4 + turn,
+                    logprobs=True, extra_body={"return_token_ids": True},
+                )  # fmt: skip
+                answers.append(answer)
+                messages.append(answer.choices[0].message.model_dump())  # as harnesses do
+                if turn % 2 == 0:
+                    messages.append({"role": "tool", "tool_call_id": f"call-{turn}", "content": f"{turn} failed"})
+                else:
+                    messages.append({"role": "user", "content": "try again"})
+        trajectory = (await admin.get("/v1/sessions/agent-7")).json()
+    prompts, sampled = list(engine.stats.prompts), list(engine.stats.sampled)
+    assert len(prompts) == len(sampled) == 10  # one engine generation a turn, nothing retried
+    turns = trajectory["turns"]
+    for k, turn in enumerate(turns):
+        # The engine's own record: what it was prompted with and what it sampled.
+        assert turn["prompt_token_ids"] == prompts[k]
+        assert [turn["token_ids"]] == sampled[k]
+        assert turn["token_ids"] == answers[k].choices[0].model_extra["token_ids"]
+        assert len(turn["token_ids"]) == 4 + k and not turn["branch"]
+        lps = [e.logprob for e in answers[k].choices[0].logprobs.content]
+        assert turn["logprobs"] == pytest.approx(lps)
+        if k:
+            assert prompts[k][: len(prompts[k - 1]) + len(sampled[k - 1][0])] == prompts[k - 1] + sampled[k - 1][0]
+        version = "v1" if k < 5 else "v2"
+        assert turn["weight_versions"] == [{"version": version, "start": 0, "end": 4 + k}]
+    (sequence,) = trajectory["sequences"]
+    assert sequence["token_ids"] == prompts[9] + sampled[9][0]
+    mask = sequence["loss_mask"]
+    assert sum(mask) == sum(4 + k for k in range(10))
+    for k in range(10):  # the model's tokens, exactly where each turn put them
+        start = len(prompts[k])
+        assert mask[start : start + 4 + k] == [1] * (4 + k)
+        assert sequence["token_ids"][start : start + 4 + k] == sampled[k][0]
+    assert engine.stats.by_path["/tokenize"] >= 10 and engine.stats.by_path["/v1/chat/completions"] == 0
