@@ -29,7 +29,7 @@ async def test_second_turn_is_prompted_with_first_prompt_and_sampled_tokens(gate
         plain = (await client.post("/v1/chat/completions", json=_turn(messages))).json()
     p1, t1, p2 = one["prompt_token_ids"], one["choices"][0]["token_ids"], two["prompt_token_ids"]
     assert p2[: len(p1) + len(t1)] == p1 + t1
-    assert p2[len(p1) + len(t1) :] == tokenize("assistant: \nuser: again\n")
+    assert p2[len(p1) + len(t1) :] == tokenize("\nuser: again\n")
     # The engine's side: what it was prompted with and what it sampled.
     assert list(engine.stats.prompts)[:2] == [p1, p2]
     assert list(engine.stats.sampled)[:2] == [[t1], [two["choices"][0]["token_ids"]]]

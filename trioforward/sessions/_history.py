@@ -9,10 +9,10 @@ Its prompt is then::
     previous prompt + sampled ids + close + new
 
 - ``close``: what the template writes after an assistant message's content
-  (ChatML: ``<|im_end|>\\n``), found by rendering the previous messages with an
-  empty assistant message against the previous messages with the generation
-  prompt; the part up to and including the last sampled token (the stop token
-  the model produced, kept in ``token_ids``) is not added twice.
+  (ChatML: ``<|im_end|>\\n``), found as the common end of two renders of the
+  previous messages with a one-letter assistant message ("a", "b"); its first
+  token is not added again when it is the last sampled one (the stop token the
+  model produced, kept in ``token_ids``).
 - ``new``: the new messages' tokens, rendered in the real history (the full
   render minus the render of the history up to the assistant message) when the
   template is prefix-stable there, else in a one-message stand-in history
@@ -81,6 +81,17 @@ def extends(session: Session, messages: list[Any], tools: Any) -> str | None:
     return None
 
 
+def _close(a: list[int], b: list[int]) -> list[int]:
+    """What two renders that differ only in an assistant message's one-letter
+    content share at their end: what the template writes after the content."""
+    n = 0
+    for x, y in zip(reversed(a), reversed(b), strict=False):
+        if x != y:
+            break
+        n += 1
+    return a[len(a) - n :] if n < len(a) else []
+
+
 def _after(longer: list[int], prefix: list[int]) -> list[int] | None:
     """``longer`` past ``prefix`` when it starts with it, else ``None``."""
     n = len(prefix)
@@ -100,11 +111,12 @@ async def turn_prompt(session: Session, messages: list[dict[str, Any]], tools: A
     new = messages[len(prev):]
     last = session.turns[-1]
     sampled = last.token_ids.tolist()
-    head = await render(prev[:-1], True)
-    closed = await render([*prev[:-1], {"role": "assistant", "content": ""}], False)
-    close = _after(closed, head) or []
-    if sampled and sampled[-1] in close:  # the stop token the model produced: once
-        close = close[close.index(sampled[-1]) + 1 :]
+    close = _close(
+        await render([*prev[:-1], {"role": "assistant", "content": "a"}], False),
+        await render([*prev[:-1], {"role": "assistant", "content": "b"}], False),
+    )
+    if sampled and close and sampled[-1] == close[0]:  # the stop token the model produced: once
+        close = close[1:]
     added = _after(await render(messages, True), await render(prev, False))
     if added is None:
         added = _after(await render([*_STAND_IN, *new], True), await render(_STAND_IN, False))
