@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_harness import Gateway, open_gateway
+from gateway_harness import Gateway
 
 from trioforward.sim import tokenize
 
@@ -17,7 +17,9 @@ def _turn(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {"model": "sim-base", "messages": messages, "max_tokens": 6, "return_token_ids": True}
 
 
-async def test_second_turn_is_prompted_with_first_prompt_and_sampled_tokens(gateway: Gateway, engine: Any) -> None:
+async def test_second_turn_is_prompted_with_first_prompt_and_sampled_tokens(
+    gateway: Gateway, engine: Any
+) -> None:
     head = {"X-Session-Id": "episode-1"}
     messages = [{"role": "system", "content": "act"}, {"role": "user", "content": "go"}]
     async with httpx.AsyncClient(base_url=gateway.url) as client:
@@ -38,12 +40,19 @@ async def test_second_turn_is_prompted_with_first_prompt_and_sampled_tokens(gate
     trajectory = got.json()
     assert [t["prompt_token_ids"] for t in trajectory["turns"]] == [p1, p2]
     assert [t["token_ids"] for t in trajectory["turns"]] == [t1, two["choices"][0]["token_ids"]]
-    assert trajectory["branch_points"] == [] and two["session"] == {"id": "episode-1", "turn": 1, "branch": False}
+    assert trajectory["branch_points"] == [] and two["session"] == {
+        "id": "episode-1",
+        "turn": 1,
+        "branch": False,
+    }
     (sequence,) = trajectory["sequences"]
     assert sequence["token_ids"] == p2 + two["choices"][0]["token_ids"]
     mask = sequence["loss_mask"]
     assert mask == [0] * len(p1) + [1] * len(t1) + [0] * (len(p2) - len(p1) - len(t1)) + [1] * 6
-    assert engine.stats.by_path["/v1/completions"] == 2 and engine.stats.by_path["/v1/chat/completions"] == 1
+    assert (
+        engine.stats.by_path["/v1/completions"] == 2
+        and engine.stats.by_path["/v1/chat/completions"] == 1
+    )
 
 
 TOOLS = [
@@ -58,7 +67,9 @@ TOOLS = [
 ]
 
 
-async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(gateway: Gateway, engine: Any) -> None:
+async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(
+    gateway: Gateway, engine: Any
+) -> None:
     from openai import AsyncOpenAI
 
     async with httpx.AsyncClient(base_url=gateway.url) as admin:
@@ -75,7 +86,9 @@ async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(gat
         async with sdk:
             for turn in range(10):
                 if turn == 5:  # the trainer pushed new weights mid-episode
-                    assert (await admin.post("/admin/resume", json={"weight_version": "v2"})).status_code == 200
+                    assert (
+                        await admin.post("/admin/resume", json={"weight_version": "v2"})
+                    ).status_code == 200
                 answer = await sdk.chat.completions.create(
                     model="sim-base", messages=messages, tools=TOOLS, max_tokens=4 + turn,
                     logprobs=True, extra_body={"return_token_ids": True},
@@ -83,7 +96,13 @@ async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(gat
                 answers.append(answer)
                 messages.append(answer.choices[0].message.model_dump())  # as harnesses do
                 if turn % 2 == 0:
-                    messages.append({"role": "tool", "tool_call_id": f"call-{turn}", "content": f"{turn} failed"})
+                    messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": f"call-{turn}",
+                            "content": f"{turn} failed",
+                        }
+                    )
                 else:
                     messages.append({"role": "user", "content": "try again"})
         trajectory = (await admin.get("/v1/sessions/agent-7")).json()
@@ -99,7 +118,10 @@ async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(gat
         lps = [e.logprob for e in answers[k].choices[0].logprobs.content]
         assert turn["logprobs"] == pytest.approx(lps)
         if k:
-            assert prompts[k][: len(prompts[k - 1]) + len(sampled[k - 1][0])] == prompts[k - 1] + sampled[k - 1][0]
+            assert (
+                prompts[k][: len(prompts[k - 1]) + len(sampled[k - 1][0])]
+                == prompts[k - 1] + sampled[k - 1][0]
+            )
         version = "v1" if k < 5 else "v2"
         assert turn["weight_versions"] == [{"version": version, "start": 0, "end": 4 + k}]
     (sequence,) = trajectory["sequences"]
@@ -110,4 +132,7 @@ async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(gat
         start = len(prompts[k])
         assert mask[start : start + 4 + k] == [1] * (4 + k)
         assert sequence["token_ids"][start : start + 4 + k] == sampled[k][0]
-    assert engine.stats.by_path["/tokenize"] >= 10 and engine.stats.by_path["/v1/chat/completions"] == 0
+    assert (
+        engine.stats.by_path["/tokenize"] >= 10
+        and engine.stats.by_path["/v1/chat/completions"] == 0
+    )

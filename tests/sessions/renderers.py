@@ -15,7 +15,14 @@ TINY_TEMPLATE = (
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
 _SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+_ADDED = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]
 _TEXT = [
     "You fix failing tests. The user asks; the assistant answers and calls tools.",
     "Let me think about the plan first, then run the tests again.",

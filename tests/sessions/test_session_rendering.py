@@ -17,7 +17,9 @@ from trioforward.sessions._history import turn_prompt
 TOOLS = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
 
 
-def _session(messages: list[dict[str, Any]], prompt: list[int], sampled: list[int], tools: Any = None) -> Session:
+def _session(
+    messages: list[dict[str, Any]], prompt: list[int], sampled: list[int], tools: Any = None
+) -> Session:
     session = Session("s", "default", 0.0, 0.0, tools=tools)
     session.turns.append(Turn(
         np.asarray(prompt, np.int32), np.asarray(sampled, np.int32), np.zeros(len(sampled), np.float32),
@@ -38,16 +40,22 @@ def _ids(renderer: LocalRenderer, text: str) -> list[int]:
     return list(renderer.tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-async def test_qwen3_drops_sampled_reasoning_on_rerender_a_session_keeps_every_sampled_token(tmp_path: Path) -> None:
+async def test_qwen3_drops_sampled_reasoning_on_rerender_a_session_keeps_every_sampled_token(
+    tmp_path: Path,
+) -> None:
     renderer = LocalRenderer.from_directory(model_dir(tmp_path, QWEN3_TEMPLATE))
     first = [{"role": "user", "content": "fix tests/test_x.py"}]
     p1 = await renderer.chat_ids(first, TOOLS, True)
     assert renderer.render_text(first, TOOLS, True).endswith("<|im_start|>assistant\n")
     # What the model sampled, stop token included, and the text the gateway answered.
-    reply = "<think>\nLet me run the tests first.\n</think>\n\n<tool_call>\n{\"name\": \"run_tests\", \"arguments\": {}}\n</tool_call>"
+    reply = '<think>\nLet me run the tests first.\n</think>\n\n<tool_call>\n{"name": "run_tests", "arguments": {}}\n</tool_call>'
     sampled = _ids(renderer, reply + "<|im_end|>")
     session = _session([*first, {"role": "assistant", "content": reply}], p1, sampled, TOOLS)
-    second = [*session.messages, {"role": "tool", "content": "1 failed"}, {"role": "user", "content": "again"}]
+    second = [
+        *session.messages,
+        {"role": "tool", "content": "1 failed"},
+        {"role": "user", "content": "again"},
+    ]
 
     rendered = await turn_prompt(session, second, TOOLS, _render(renderer, TOOLS))
 
@@ -61,12 +69,17 @@ async def test_qwen3_drops_sampled_reasoning_on_rerender_a_session_keeps_every_s
     assert "Let me run" not in renderer.render_text(second, TOOLS, True)
 
 
-async def test_qwen3_turn_after_a_plain_answer_renders_the_tool_result_after_a_stand_in(tmp_path: Path) -> None:
+async def test_qwen3_turn_after_a_plain_answer_renders_the_tool_result_after_a_stand_in(
+    tmp_path: Path,
+) -> None:
     # A plain answer (no reasoning) is rendered with an empty think block while it
     # is last, without once a tool result follows: the real history is not
     # prefix-stable, the stand-in is.
     renderer = LocalRenderer.from_directory(model_dir(tmp_path, QWEN3_TEMPLATE))
-    first = [{"role": "system", "content": "You fix failing tests."}, {"role": "user", "content": "go"}]
+    first = [
+        {"role": "system", "content": "You fix failing tests."},
+        {"role": "user", "content": "go"},
+    ]
     p1 = await renderer.chat_ids(first, None, True)
     sampled = _ids(renderer, "run the tests")  # stopped by length: no stop token
     session = _session([*first, {"role": "assistant", "content": "run the tests"}], p1, sampled)
@@ -89,7 +102,9 @@ async def test_tiny_vllm_test_model_template_extends_without_a_branch(tmp_path: 
     second = [*session.messages, {"role": "user", "content": "thank you"}]
     rendered = await turn_prompt(session, second, None, _render(renderer, None))
     assert rendered.branch_reason is None
-    assert rendered.ids == p1 + sampled + _ids(renderer, "\n") + _ids(renderer, "user: thank you\nassistant:")
+    assert rendered.ids == p1 + sampled + _ids(renderer, "\n") + _ids(
+        renderer, "user: thank you\nassistant:"
+    )
 
 
 async def test_an_edited_history_is_rendered_whole_as_a_branch(tmp_path: Path) -> None:
@@ -103,7 +118,12 @@ async def test_an_edited_history_is_rendered_whole_as_a_branch(tmp_path: Path) -
     assert rendered.ids == await renderer.chat_ids(edited, None, True)
     truncated = await turn_prompt(session, first, None, _render(renderer, None))
     assert truncated.branch_reason == "history_truncated"
-    tools = await turn_prompt(session, [*session.messages, {"role": "user", "content": "x"}], TOOLS, _render(renderer, TOOLS))
+    tools = await turn_prompt(
+        session,
+        [*session.messages, {"role": "user", "content": "x"}],
+        TOOLS,
+        _render(renderer, TOOLS),
+    )
     assert tools.branch_reason == "tools_changed"
 
 
@@ -118,7 +138,9 @@ async def test_a_template_error_is_a_clear_400(tmp_path: Path) -> None:
         await renderer.chat_ids([{"role": "tool", "content": "x"}], None, True)
     assert refused.value.status == 400 and refused.value.code == "render_failed"
     assert "Conversation roles must be user or assistant" in refused.value.message
-    broken = LocalRenderer.from_directory(model_dir(tmp_path / "broken", "{{ messages[5]['content'] + 1 }}"))
+    broken = LocalRenderer.from_directory(
+        model_dir(tmp_path / "broken", "{{ messages[5]['content'] + 1 }}")
+    )
     with pytest.raises(SessionError) as failed:
         await broken.chat_ids([{"role": "user", "content": "x"}], None, True)
     assert failed.value.status == 400 and "the chat template failed" in failed.value.message

@@ -28,7 +28,9 @@ async def test_tokenize_messages_gives_the_chat_routes_prompt(engine: SimEngine)
 
 async def test_tokenize_prompt_and_bad_bodies(engine: SimEngine) -> None:
     async with httpx.AsyncClient(base_url=engine.url) as client:
-        ok = (await client.post("/tokenize", json={"prompt": "ab", "return_token_strs": True})).json()
+        ok = (
+            await client.post("/tokenize", json={"prompt": "ab", "return_token_strs": True})
+        ).json()
         no_messages = await client.post("/tokenize", json={"messages": []})
         not_json = await client.post("/tokenize", content=b"{")
     assert ok["tokens"] == [97, 98] and ok["token_strs"] == [" t97", " t98"]

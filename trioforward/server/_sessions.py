@@ -43,7 +43,12 @@ def sessions_of(state: GatewayState) -> Sessions:
         settings = state.settings
         path = settings.session_tokenizer
         renderer = LocalRenderer.from_directory(path) if path else None
-        sessions = Sessions(state.client, renderer=renderer, max_sessions=settings.max_sessions, ttl=settings.session_ttl)
+        sessions = Sessions(
+            state.client,
+            renderer=renderer,
+            max_sessions=settings.max_sessions,
+            ttl=settings.session_ttl,
+        )
         state.extras[_KEY] = sessions
     return sessions
 
@@ -66,7 +71,9 @@ async def session_turn(call: Call, forward: dict[str, Any]) -> None:
         return
     kwargs = {k: forward[k] for k in ("headers", "on_dispatch", "span", "request_id", "group")}
     try:
-        response, content = await sessions_of(call.state).turn(session_id, call.data, tenant=call.tenant, **kwargs)
+        response, content = await sessions_of(call.state).turn(
+            session_id, call.data, tenant=call.tenant, **kwargs
+        )
     except SessionError as err:
         log.status, log.error = err.status, err.code
         log.complete = True
@@ -89,11 +96,15 @@ async def session_turn(call: Call, forward: dict[str, Any]) -> None:
     version = log.version = response.weight_version
     if version is not None:
         extra = (*extra, (b"x-weight-version", version.encode()))
-    await respond(send, response.status, response.content if content is None else content, extra=extra)
+    await respond(
+        send, response.status, response.content if content is None else content, extra=extra
+    )
 
 
 def _tenant(state: GatewayState) -> Any:
-    return check_auth(state.settings, request.path, lambda name: request.headers.get(name), state.client.tenants)
+    return check_auth(
+        state.settings, request.path, lambda name: request.headers.get(name), state.client.tenants
+    )
 
 
 def _refusal(err: SessionError) -> Response:
@@ -126,17 +137,35 @@ def install_session_routes(app: QuartTrio) -> None:
             try:
                 body = orjson.loads(await request.get_data())
             except orjson.JSONDecodeError:
-                raise SessionError(400, "the body must be JSON: {\"reward\": number, \"turn\"?: int, \"name\"?: str}", "invalid_json") from None
+                raise SessionError(
+                    400,
+                    'the body must be JSON: {"reward": number, "turn"?: int, "name"?: str}',
+                    "invalid_json",
+                ) from None
             if not isinstance(body, dict) or set(body) - {"reward", "turn", "name"}:
-                raise SessionError(400, "the body takes reward, turn and name only", "invalid_reward")
+                raise SessionError(
+                    400, "the body takes reward, turn and name only", "invalid_reward"
+                )
             reward, turn, name = body.get("reward"), body.get("turn"), body.get("name", "reward")
             if not isinstance(reward, int | float) or isinstance(reward, bool):
-                raise SessionError(400, f"reward must be a number (got {reward!r})", "invalid_reward")
+                raise SessionError(
+                    400, f"reward must be a number (got {reward!r})", "invalid_reward"
+                )
             if not isinstance(name, str) or not name:
-                raise SessionError(400, f"name must be a non-empty string (got {name!r})", "invalid_reward")
+                raise SessionError(
+                    400, f"name must be a non-empty string (got {name!r})", "invalid_reward"
+                )
             sessions = sessions_of(state)
-            session = sessions.reward(session_id, reward, turn=turn, name=name, tenant=_tenant(state))
-            return json_response({"id": session.id, "rewards": session.rewards, "turn_rewards": [t.reward for t in session.turns]})
+            session = sessions.reward(
+                session_id, reward, turn=turn, name=name, tenant=_tenant(state)
+            )
+            return json_response(
+                {
+                    "id": session.id,
+                    "rewards": session.rewards,
+                    "turn_rewards": [t.reward for t in session.turns],
+                }
+            )
         except SessionError as err:
             return _refusal(err)
 

@@ -59,7 +59,9 @@ def _plain(m: Any) -> Any:
 def _same_assistant(sent: Any, sampled: dict[str, Any]) -> bool:
     if not isinstance(sent, dict) or sent.get("role") != "assistant":
         return False
-    return (sent.get("content") or "") == (sampled.get("content") or "") and not sent.get("tool_calls")
+    return (sent.get("content") or "") == (sampled.get("content") or "") and not sent.get(
+        "tool_calls"
+    )
 
 
 def extends(session: Session, messages: list[Any], tools: Any) -> str | None:
@@ -98,7 +100,9 @@ def _after(longer: list[int], prefix: list[int]) -> list[int] | None:
     return longer[n:] if longer[:n] == prefix else None
 
 
-async def turn_prompt(session: Session, messages: list[dict[str, Any]], tools: Any, render: Render) -> Rendered:
+async def turn_prompt(
+    session: Session, messages: list[dict[str, Any]], tools: Any, render: Render
+) -> Rendered:
     """The prompt of the session's next turn (module docstring); ``render(messages,
     add_generation_prompt)`` renders with the turn's ``tools``. Raises what
     ``render`` raises (a :class:`~trioforward.sessions.SessionError`)."""
@@ -108,7 +112,7 @@ async def turn_prompt(session: Session, messages: list[dict[str, Any]], tools: A
     if why is not None:
         return Rendered(await render(messages, True), 0, why)
     prev = session.messages  # the previous turn's messages + the sampled assistant message
-    new = messages[len(prev):]
+    new = messages[len(prev) :]
     last = session.turns[-1]
     sampled = last.token_ids.tolist()
     close = _close(

@@ -85,7 +85,10 @@ class EngineRenderer:
         tenant: Any = None,
         session: str | None = None,
     ) -> list[int]:
-        body: dict[str, Any] = {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        body: dict[str, Any] = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+        }
         if tools:
             body["tools"] = tools
         if model or self.model:
@@ -100,7 +103,9 @@ class EngineRenderer:
         if response.status != 200:
             error = doc.get("error") if isinstance(doc, dict) else None
             message = error.get("message") if isinstance(error, dict) else None
-            raise _refused(f"{response.engine}/tokenize answered {response.status}: {message or response.content[:200]!r}")
+            raise _refused(
+                f"{response.engine}/tokenize answered {response.status}: {message or response.content[:200]!r}"
+            )
         tokens = doc.get("tokens") if isinstance(doc, dict) else None
         if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
             raise _refused(f"{response.engine}/tokenize gave no token ids")
@@ -137,12 +142,16 @@ class LocalRenderer:
         config_path = root / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
         template_path = root / "chat_template.jinja"
-        template = template_path.read_text() if template_path.exists() else config.get("chat_template")
+        template = (
+            template_path.read_text() if template_path.exists() else config.get("chat_template")
+        )
         if isinstance(template, list):  # named templates: the default one
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
         if not isinstance(template, str):
-            raise FileNotFoundError(f"{root}: no chat_template.jinja and no chat_template in tokenizer_config.json")
+            raise FileNotFoundError(
+                f"{root}: no chat_template.jinja and no chat_template in tokenizer_config.json"
+            )
         special = {}
         for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
             value = config.get(name)
@@ -152,13 +161,18 @@ class LocalRenderer:
                 special[name] = value
         return cls(template, tokenizer, special)
 
-    def render_text(self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool) -> str:
+    def render_text(
+        self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool
+    ) -> str:
         """The template's text; raises :class:`SessionError` 400 on a template error."""
         from jinja2 import TemplateError
 
         try:
             return self.template.render(
-                messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt, **self.special
+                messages=messages,
+                tools=tools or None,
+                add_generation_prompt=add_generation_prompt,
+                **self.special,
             )
         except _TemplateRefusal as exc:
             raise _refused(f"the chat template refused it: {exc}") from None
@@ -188,7 +202,15 @@ def _raise(message: str) -> None:
     raise _TemplateRefusal(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
     # transformers' chat-template tojson: json.dumps with ensure_ascii off, so
     # templates render tool schemas exactly as the model saw them in training.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )

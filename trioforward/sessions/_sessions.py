@@ -74,7 +74,11 @@ class Sessions:
         name = self._tenant(tenant)
         session = self.store.open(name, session_id)
         if session.busy:
-            raise SessionError(409, f"session {session_id!r} has a turn running; send the next turn after its answer", "session_busy")
+            raise SessionError(
+                409,
+                f"session {session_id!r} has a turn running; send the next turn after its answer",
+                "session_busy",
+            )
         session.busy = True
         try:
             model = body.get("model")
@@ -100,10 +104,15 @@ class Sessions:
                 answer, rendered, started, response.engine, response.weight_version
             )
             session.turns.append(turn)
-            session.messages = [*messages, {"role": "assistant", "content": choice.get("text") or ""}]
+            session.messages = [
+                *messages,
+                {"role": "assistant", "content": choice.get("text") or ""},
+            ]
             session.tools = tools
             index = len(session.turns) - 1
-            return response, chat_answer(body, answer, choice, turn, session_id, index, response.request_id)
+            return response, chat_answer(
+                body, answer, choice, turn, session_id, index, response.request_id
+            )
         finally:
             session.busy = False
             session.last_used = time.time()
@@ -117,9 +126,13 @@ class Sessions:
         (``model``, ``max_tokens``, ``tools``, ...); returns the chat answer as a
         dict. Raises :class:`SessionError` as :meth:`turn`, and for an engine
         refusal (its status, ``engine_refused``, its body as the message)."""
-        response, content = await self.turn(session, {**fields, "messages": messages}, tenant=tenant)
+        response, content = await self.turn(
+            session, {**fields, "messages": messages}, tenant=tenant
+        )
         if content is None:
-            raise SessionError(response.status, response.content.decode(errors="replace"), "engine_refused")
+            raise SessionError(
+                response.status, response.content.decode(errors="replace"), "engine_refused"
+            )
         result: dict[str, Any] = orjson.loads(content)
         return result
 
@@ -137,7 +150,13 @@ class Sessions:
         return sequence_arrays(self.get(session_id, tenant))
 
     def reward(
-        self, session_id: str, reward: float, *, turn: int | None = None, name: str = "reward", tenant: Any = None
+        self,
+        session_id: str,
+        reward: float,
+        *,
+        turn: int | None = None,
+        name: str = "reward",
+        tenant: Any = None,
     ) -> Session:
         """Attach ``reward`` to the session (under ``name``) or to one ``turn``;
         raises :class:`SessionError` 404 (unknown session) or 400 (no such turn)."""
@@ -147,7 +166,11 @@ class Sessions:
         elif type(turn) is int and -len(session.turns) <= turn < len(session.turns):
             session.turns[turn].reward = float(reward)
         else:
-            raise SessionError(400, f"session {session_id!r} has no turn {turn!r} ({len(session.turns)} turns)", "invalid_turn")
+            raise SessionError(
+                400,
+                f"session {session_id!r} has no turn {turn!r} ({len(session.turns)} turns)",
+                "invalid_turn",
+            )
         return session
 
     def end(self, session_id: str, tenant: Any = None) -> dict[str, Any]:
@@ -161,4 +184,7 @@ class Sessions:
 
     def export_jsonl(self, tenant: Any = None) -> bytes:
         """The tenant's sessions, one trajectory a line (JSONL), least recently used first."""
-        return b"".join(orjson.dumps(trajectory_json(s)) + b"\n" for s in self.store.of_tenant(self._tenant(tenant)))
+        return b"".join(
+            orjson.dumps(trajectory_json(s)) + b"\n"
+            for s in self.store.of_tenant(self._tenant(tenant))
+        )

@@ -91,7 +91,12 @@ class SessionStore:
     method is atomic (none awaits).
     """
 
-    def __init__(self, max_sessions: int = 100_000, ttl: float = 3600.0, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        max_sessions: int = 100_000,
+        ttl: float = 3600.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         import time
 
         self.max_sessions = max_sessions
@@ -125,7 +130,11 @@ class SessionStore:
         self.expire()
         session = self._sessions.get((tenant, session_id))
         if session is None:
-            raise SessionError(404, f"no session {session_id!r} (ended, expired, or never started)", "session_not_found")
+            raise SessionError(
+                404,
+                f"no session {session_id!r} (ended, expired, or never started)",
+                "session_not_found",
+            )
         return session
 
     def open(self, tenant: str, session_id: str) -> Session:
@@ -137,7 +146,11 @@ class SessionStore:
         session = self._sessions.get(key)
         if session is None:
             if self.max_sessions and len(self._sessions) >= self.max_sessions:
-                raise SessionError(429, f"the gateway holds {self.max_sessions} sessions (max_sessions); end some first", "session_store_full")
+                raise SessionError(
+                    429,
+                    f"the gateway holds {self.max_sessions} sessions (max_sessions); end some first",
+                    "session_store_full",
+                )
             session = self._sessions[key] = Session(session_id, tenant, now, now)
         else:
             self._sessions.move_to_end(key)

@@ -34,19 +34,38 @@ _KEPT = (
 )  # fmt: skip
 # Chat features the engine applies to the parsed message or a grammar: a token
 # completion cannot carry them, so a session turn refuses them (400).
-_REFUSED = ("n", "stream", "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_REFUSED = (
+    "n",
+    "stream",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
 
 
 def check_body(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
     """The turn's ``(messages, tools)``; raises :class:`SessionError` 400 for what a
     session turn cannot serve."""
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise SessionError(400, "messages must be a non-empty list of message objects", "invalid_messages")
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) for m in messages)
+    ):
+        raise SessionError(
+            400, "messages must be a non-empty list of message objects", "invalid_messages"
+        )
     for key in _REFUSED:
         value = body.get(key)
         if value and not (key == "n" and value == 1):
-            raise SessionError(400, f"{key!r} is not supported on a session turn (X-Session-Id): one sample, not streamed, no grammar (docs/sessions.md)", "unsupported_in_session")
+            raise SessionError(
+                400,
+                f"{key!r} is not supported on a session turn (X-Session-Id): one sample, not streamed, no grammar (docs/sessions.md)",
+                "unsupported_in_session",
+            )
     return messages, body.get("tools")
 
 
@@ -63,15 +82,22 @@ def completion_body(body: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
     return out
 
 
-def record_turn(answer: dict[str, Any], rendered: Rendered, started: float, engine: str, version: str | None) -> tuple[Turn, dict[str, Any]]:
+def record_turn(
+    answer: dict[str, Any], rendered: Rendered, started: float, engine: str, version: str | None
+) -> tuple[Turn, dict[str, Any]]:
     """The :class:`Turn` an engine's completion ``answer`` makes, and its only choice;
     raises :class:`SessionError` 502 when the answer has no token ids."""
     choices = answer.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-    ids = choice.get("token_ids") if choice else None
+    first = choices[0] if isinstance(choices, list) and choices else None
+    choice: dict[str, Any] = first if isinstance(first, dict) else {}
+    ids = choice.get("token_ids")
     if not isinstance(ids, list):
-        raise SessionError(502, f"{engine} answered without token_ids (a session needs an engine that honours return_token_ids: vLLM >= 0.10)", "no_token_ids")
-    block = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
+        raise SessionError(
+            502,
+            f"{engine} answered without token_ids (a session needs an engine that honours return_token_ids: vLLM >= 0.10)",
+            "no_token_ids",
+        )
+    block = _block(choice)
     lps = [x if isinstance(x, int | float) else np.nan for x in block.get("token_logprobs") or []]
     spans = choice.get("weight_versions") or [{"version": version, "start": 0, "end": len(ids)}]
     turn = Turn(
@@ -90,10 +116,18 @@ def record_turn(answer: dict[str, Any], rendered: Rendered, started: float, engi
     return turn, choice
 
 
+def _block(choice: dict[str, Any]) -> dict[str, Any]:
+    """A completion choice's ``logprobs`` object (``{}`` when absent)."""
+    block = choice.get("logprobs")
+    return block if isinstance(block, dict) else {}
+
+
 def _chat_entries(block: dict[str, Any], k: int) -> list[dict[str, Any]]:
     out = []
     tops = block.get("top_logprobs") or []
-    for i, (token, lp) in enumerate(zip(block.get("tokens") or [], block.get("token_logprobs") or [], strict=False)):
+    for i, (token, lp) in enumerate(
+        zip(block.get("tokens") or [], block.get("token_logprobs") or [], strict=False)
+    ):
         top = list((tops[i] if i < len(tops) and tops[i] else {}).items())[:k]
         out.append({
             "token": token, "logprob": lp, "bytes": list(str(token).encode()),
@@ -102,26 +136,43 @@ def _chat_entries(block: dict[str, Any], k: int) -> list[dict[str, Any]]:
     return out
 
 
-def chat_answer(body: dict[str, Any], answer: dict[str, Any], choice: dict[str, Any], turn: Turn, session_id: str, index: int, request_id: str) -> bytes:
+def chat_answer(
+    body: dict[str, Any],
+    answer: dict[str, Any],
+    choice: dict[str, Any],
+    turn: Turn,
+    session_id: str,
+    index: int,
+    request_id: str,
+) -> bytes:
     """The chat completion the caller gets for a session turn (module docstring)."""
     ids = bool(body.get("return_token_ids"))
     top = body.get("top_logprobs")
-    block = choice.get("logprobs") if isinstance(choice.get("logprobs"), dict) else {}
-    message = {"role": "assistant", "content": choice.get("text") or "", "tool_calls": None, "reasoning": None}
+    block = _block(choice)
+    message = {
+        "role": "assistant",
+        "content": choice.get("text") or "",
+        "tool_calls": None,
+        "reasoning": None,
+    }
     doc = {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
         "created": int(turn.finished),
         "model": answer.get("model") or body.get("model"),
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": {"content": _chat_entries(block, top if type(top) is int else 0)} if body.get("logprobs") else None,
-            "finish_reason": turn.finish_reason,
-            "stop_reason": choice.get("stop_reason"),
-            "token_ids": turn.token_ids.tolist() if ids else None,
-            "weight_versions": turn.weight_versions,
-        }],  # fmt: skip
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": _chat_entries(block, top if type(top) is int else 0)}
+                if body.get("logprobs")
+                else None,
+                "finish_reason": turn.finish_reason,
+                "stop_reason": choice.get("stop_reason"),
+                "token_ids": turn.token_ids.tolist() if ids else None,
+                "weight_versions": turn.weight_versions,
+            }
+        ],  # fmt: skip
         "usage": answer.get("usage"),
         "prompt_token_ids": turn.prompt_ids.tolist() if ids else None,
         "session": {"id": session_id, "turn": index, "branch": turn.branch},

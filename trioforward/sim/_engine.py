@@ -46,7 +46,6 @@ from trioforward.sim._rl import RLControl
 from trioforward.sim._sglang_info import INFO_PATHS, serve_info
 from trioforward.sim._sglang_openai import error_body as sglang_error
 from trioforward.sim._stats import EngineStats
-from trioforward.sim._tokenize import serve_tokenize
 from trioforward.sim._token_routes import (
     CONTROL_PATHS,
     disabled_paths,
@@ -54,6 +53,7 @@ from trioforward.sim._token_routes import (
     serve_token_route,
     token_paths,
 )
+from trioforward.sim._tokenize import serve_tokenize
 
 __all__ = ["SimEngine"]
 
