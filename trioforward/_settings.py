@@ -100,6 +100,7 @@ class Settings:
     max_body_size: int = _knob(64 * 1024 * 1024, "largest request body; 413 beyond", "bytes", "server")
 
     # --- agent sessions (docs/sessions.md) ---------------------------------------
+    chat_sessions: bool = _knob(True, "X-Session-Id on POST /v1/chat/completions makes the request a turn of that agent session (not streamed, n = 1, no structured outputs: those are forwarded as before); false = the header only routes", "", "server")
     session_ttl: float = _knob(3600.0, "a chat session (X-Session-Id) unused this long is dropped with its trajectory", "s", "server")
     max_sessions: int = _knob(100000, "chat sessions held at most; a new one beyond is refused 429 session_store_full; 0 = unlimited", "sessions", "server")
     session_tokenizer: str | None = _knob(None, "local model directory (tokenizer.json and its chat template) that renders session turns; unset = the engine's POST /tokenize", "path", "server")

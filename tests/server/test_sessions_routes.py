@@ -1,5 +1,6 @@
 """The session routes and their refusals (docs/sessions.md, "Trajectories", "Errors"):
-each bad input a clear 4xx, no engine generation for it, nothing of the session lost."""
+each bad input a clear 4xx, no engine generation for it, nothing of the session lost;
+chat requests a session cannot serve are forwarded as before."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ async def test_unknown_ended_and_bad_ids(gateway: Gateway, engine: Any) -> None:
     assert _generations(engine) == 1
 
 
-async def test_unsupported_and_untokenizable_turns_lose_nothing(
+async def test_untokenizable_and_unservable_turns_lose_nothing(
     gateway: Gateway, engine: Any
 ) -> None:
     head = {"X-Session-Id": "s2"}
@@ -98,16 +99,15 @@ async def test_unsupported_and_untokenizable_turns_lose_nothing(
     assert never.status_code == 400 and never.json()["error"]["code"] == "render_failed"
     assert "/tokenize answered 400" in never.json()["error"]["message"]
     assert none_left.status_code == 404  # a first turn that failed leaves no session
-    for reply in (streamed, two_n):
-        assert (
-            reply.status_code == 400 and reply.json()["error"]["code"] == "unsupported_in_session"
-        )
+    # Not session turns: forwarded to the engine's chat route as before, not recorded.
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert two_n.status_code == 200 and len(two_n.json()["choices"]) == 2
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "render_failed"
     # The refused turns changed nothing: the next one extends turn 0.
     p1, t1 = one["prompt_token_ids"], one["choices"][0]["token_ids"]
     assert good["session"]["turn"] == 1 and not good["session"]["branch"]
     assert good["prompt_token_ids"][: len(p1) + len(t1)] == p1 + t1
-    assert _generations(engine) == 2
+    assert _generations(engine) == 4 and engine.stats.by_path["/v1/chat/completions"] == 2
 
 
 async def test_rewards_and_the_jsonl_export(gateway: Gateway, engine: Any) -> None:
@@ -204,3 +204,20 @@ async def test_a_local_template_error_is_a_clear_400(engine: Any, tmp_path: Path
     assert engine.stats.by_path["/tokenize"] == 0 and list(engine.stats.prompts) == [
         served.json()["prompt_token_ids"]
     ]
+
+
+async def test_with_chat_sessions_off_the_header_only_routes(engine: Any) -> None:
+    async with (
+        open_gateway(engine.url, chat_sessions=False) as gw,
+        httpx.AsyncClient(base_url=gw.url) as client,
+    ):
+        head = {"X-Session-Id": "routing-only"}
+        answer = await client.post(
+            "/v1/chat/completions", json=_turn([{"role": "user", "content": "x"}]), headers=head
+        )
+        session = await client.get("/v1/sessions/routing-only")
+    assert answer.status_code == 200 and "session" not in answer.json()
+    assert session.status_code == 404
+    assert (
+        engine.stats.by_path["/v1/chat/completions"] == 1 and engine.stats.by_path["/tokenize"] == 0
+    )

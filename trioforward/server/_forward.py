@@ -32,6 +32,7 @@ from trioforward.server._sessions import session_turn
 from trioforward.server._state import GatewayState
 from trioforward.server._timing import server_timing
 from trioforward.server._validate import validate_chat, validate_completion
+from trioforward.sessions import session_servable
 
 __all__ = ["ROUTES", "FORWARDED", "forward", "relay_stream"]
 # Longest SSE event held while waiting for its end (an SGLang stream repeats the
@@ -66,11 +67,15 @@ def _start(call: Call) -> Awaitable[None]:
         "group": log.group,
         "tenant": call.tenant,
     }
-    if forward["session"] is not None and call.path == "/v1/chat/completions":
+    if forward["session"] is not None and call.path == "/v1/chat/completions" and _in_session(call):
         return session_turn(call, forward)  # an agent session's turn: docs/sessions.md
     if call.data.get("stream"):
         return _relay_stream(call.state, call.path, forward, call.send, log)
     return _forward(call.state, call.path, forward, call.send, log)
+
+
+def _in_session(call: Call) -> bool:
+    return bool(call.state.settings.chat_sessions) and session_servable(call.data)
 
 
 ROUTES = {

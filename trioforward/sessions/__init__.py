@@ -14,6 +14,7 @@ from __future__ import annotations
 from trioforward.sessions._render import EngineRenderer, LocalRenderer, Renderer
 from trioforward.sessions._sessions import Sessions
 from trioforward.sessions._store import Session, SessionError, SessionStore, Turn
+from trioforward.sessions._turn import session_servable
 
 __all__ = [
     "Sessions",
@@ -24,4 +25,5 @@ __all__ = [
     "Renderer",
     "EngineRenderer",
     "LocalRenderer",
+    "session_servable",
 ]

@@ -23,7 +23,7 @@ import orjson
 from trioforward.sessions._history import Rendered
 from trioforward.sessions._store import SessionError, Turn
 
-__all__ = ["completion_body", "chat_answer", "record_turn", "check_body"]
+__all__ = ["completion_body", "chat_answer", "record_turn", "check_body", "session_servable"]
 
 # Chat fields a token completion takes as they are (vLLM's sampling fields).
 _KEPT = (
@@ -44,6 +44,12 @@ _REFUSED = (
     "guided_choice",
     "guided_grammar",
 )
+
+
+def session_servable(body: dict[str, Any]) -> bool:
+    """Whether a chat body can be a session turn: not streamed, one sample, no
+    grammar (the gateway forwards any other as a plain chat request)."""
+    return not any(body.get(key) for key in _REFUSED if not (key == "n" and body.get(key) == 1))
 
 
 def check_body(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
