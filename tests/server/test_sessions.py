@@ -40,6 +40,12 @@ async def test_second_turn_is_prompted_with_first_prompt_and_sampled_tokens(
     trajectory = got.json()
     assert [t["prompt_token_ids"] for t in trajectory["turns"]] == [p1, p2]
     assert [t["token_ids"] for t in trajectory["turns"]] == [t1, two["choices"][0]["token_ids"]]
+    assert all(t["engine_time"] > 0 and t["queue_time"] >= 0 for t in trajectory["turns"])
+    assert (
+        trajectory["turns"][0]["started"]
+        <= trajectory["turns"][0]["finished"]
+        <= trajectory["turns"][1]["started"]
+    )
     assert trajectory["branch_points"] == [] and two["session"] == {
         "id": "episode-1",
         "turn": 1,

@@ -103,6 +103,7 @@ class Sessions:
             turn, choice = record_turn(
                 answer, rendered, started, response.engine, response.weight_version
             )
+            turn.queue_time, turn.engine_time = response.queue_time, response.engine_time
             session.turns.append(turn)
             session.messages = [
                 *messages,

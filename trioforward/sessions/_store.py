@@ -46,7 +46,9 @@ class Turn:
     and sampled tokens; 0 on a first turn or a branch); ``branch``: the turn was
     rendered whole, with ``branch_reason``; ``weight_versions``: spans
     ``[{"version", "start", "end"}]`` over ``token_ids``; ``started``/``finished``:
-    Unix times (s); ``engine``: the engine's URL; ``finish_reason``; ``reward``.
+    Unix times (s); ``engine``: the engine's URL; ``finish_reason``; ``reward``;
+    ``queue_time``/``engine_time``: seconds the generation waited for engine
+    capacity / ran on engines (the dispatch core's, as ``Server-Timing`` reports).
     """
 
     prompt_ids: npt.NDArray[np.int32]
@@ -61,6 +63,8 @@ class Turn:
     engine: str
     finish_reason: str | None
     reward: float | None = None
+    queue_time: float = 0.0
+    engine_time: float = 0.0
 
 
 @dataclass(slots=True)

@@ -7,7 +7,8 @@ one JSONL export line holds::
      "branch_points": [turn, ...],
      "turns": [{"turn", "prompt_token_ids", "token_ids", "logprobs", "new_start",
                 "branch", "branch_reason", "weight_versions", "started",
-                "finished", "engine", "finish_reason", "reward"}],
+                "finished", "queue_time", "engine_time", "engine",
+                "finish_reason", "reward"}],
      "sequences": [{"turns": [first, last], "token_ids", "loss_mask", "logprobs"}]}
 
 A *sequence* is one linear run of turns (a first turn or a branch starts one):
@@ -73,6 +74,8 @@ def trajectory_json(session: Session) -> dict[str, Any]:
             "weight_versions": t.weight_versions,
             "started": t.started,
             "finished": t.finished,
+            "queue_time": t.queue_time,
+            "engine_time": t.engine_time,
             "engine": t.engine,
             "finish_reason": t.finish_reason,
             "reward": t.reward,
