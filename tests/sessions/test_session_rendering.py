@@ -144,3 +144,23 @@ async def test_a_template_error_is_a_clear_400(tmp_path: Path) -> None:
     with pytest.raises(SessionError) as failed:
         await broken.chat_ids([{"role": "user", "content": "x"}], None, True)
     assert failed.value.status == 400 and "the chat template failed" in failed.value.message
+
+
+async def test_a_branch_with_caller_written_tool_calls_is_extended_after(tmp_path: Path) -> None:
+    # The caller rewrote the answer as a tool call (a branch); its next turn sends
+    # that message again unchanged and extends the branch, not a branch per turn.
+    renderer = LocalRenderer.from_directory(model_dir(tmp_path, QWEN3_TEMPLATE))
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "run_tests", "arguments": "{}"}}
+        ],
+    }
+    history = [{"role": "user", "content": "go"}, call, {"role": "tool", "content": "ok"}]
+    p1 = await renderer.chat_ids(history, TOOLS, True)
+    sampled = _ids(renderer, "done<|im_end|>")
+    session = _session([*history, {"role": "assistant", "content": "done"}], p1, sampled, TOOLS)
+    nxt = [*session.messages, {"role": "user", "content": "more"}]
+    rendered = await turn_prompt(session, nxt, TOOLS, _render(renderer, TOOLS))
+    assert rendered.branch_reason is None and rendered.ids[: len(p1) + len(sampled)] == p1 + sampled

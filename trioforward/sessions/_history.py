@@ -72,11 +72,11 @@ def extends(session: Session, messages: list[Any], tools: Any) -> str | None:
         return "history_truncated"
     if (tools or None) != (session.tools or None):
         return "tools_changed"
-    for i, m in enumerate(prev[:-1]):
-        if prev[i].get("role") == "assistant" and _plain(messages[i]).get("role") == "assistant":
-            if not _same_assistant(messages[i], prev[i]):
-                return "history_edited"
-        elif _plain(messages[i]) != _plain(m):
+    # The earlier messages are the caller's own, sent again: equal as sent (an
+    # assistant message the caller wrote with tool calls stays one); only the last
+    # assistant message is the gateway's answer, compared by what was sampled.
+    for sent, kept in zip(messages, prev[:-1], strict=False):
+        if _plain(sent) != _plain(kept):
             return "history_edited"
     if not _same_assistant(messages[len(prev) - 1], prev[-1]):
         return "history_edited"
