@@ -43,11 +43,15 @@ def sessions_of(state: GatewayState) -> Sessions:
         settings = state.settings
         path = settings.session_tokenizer
         renderer = LocalRenderer.from_directory(path) if path else None
+        shared = (
+            None if state.fleet is None else state.fleet.sessions
+        )  # docs/sessions.md, "Fleet mode"
         sessions = Sessions(
             state.client,
             renderer=renderer,
             max_sessions=settings.max_sessions,
             ttl=settings.session_ttl,
+            shared=shared,
         )
         state.extras[_KEY] = sessions
     return sessions
@@ -118,7 +122,7 @@ def install_session_routes(app: QuartTrio) -> None:
     async def get_session(session_id: str) -> Response:
         state = get_state()
         try:
-            return json_response(sessions_of(state).trajectory(session_id, _tenant(state)))
+            return json_response(await sessions_of(state).fetch(session_id, _tenant(state)))
         except SessionError as err:
             return _refusal(err)
 
@@ -126,7 +130,7 @@ def install_session_routes(app: QuartTrio) -> None:
     async def end_session(session_id: str) -> Response:
         state = get_state()
         try:
-            return json_response(sessions_of(state).end(session_id, _tenant(state)))
+            return json_response(await sessions_of(state).close(session_id, _tenant(state)))
         except SessionError as err:
             return _refusal(err)
 
@@ -156,7 +160,7 @@ def install_session_routes(app: QuartTrio) -> None:
                     400, f"name must be a non-empty string (got {name!r})", "invalid_reward"
                 )
             sessions = sessions_of(state)
-            session = sessions.reward(
+            session = await sessions.add_reward(
                 session_id, reward, turn=turn, name=name, tenant=_tenant(state)
             )
             return json_response(
@@ -172,5 +176,8 @@ def install_session_routes(app: QuartTrio) -> None:
     @app.get("/v1/sessions")
     async def export_sessions() -> Response:
         state = get_state()
-        body = sessions_of(state).export_jsonl(_tenant(state))
+        try:
+            body = await sessions_of(state).export(_tenant(state))
+        except SessionError as err:
+            return _refusal(err)
         return Response(body, content_type="application/jsonl")

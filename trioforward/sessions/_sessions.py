@@ -22,6 +22,7 @@ import orjson
 
 from trioforward.sessions._history import turn_prompt
 from trioforward.sessions._render import EngineRenderer, Renderer
+from trioforward.sessions._shared import SharedState, claimed, load, save, state_key
 from trioforward.sessions._store import Session, SessionError, SessionStore
 from trioforward.sessions._trajectory import sequence_arrays, trajectory_json
 from trioforward.sessions._turn import chat_answer, check_body, completion_body, record_turn
@@ -37,7 +38,10 @@ class Sessions:
 
     ``renderer``: how messages become tokens (default :class:`EngineRenderer`:
     the engine's ``/tokenize``); ``max_sessions``, ``ttl`` (s): the store's bounds
-    (docs/sessions.md, "Lifetime and memory"). ``tenant`` arguments take a
+    (docs/sessions.md, "Lifetime and memory"); ``shared``: a fleet's state
+    store, which then holds every session instead of this process (docs/sessions.md,
+    "Fleet mode"; the async methods read it, the others this process's store).
+    ``tenant`` arguments take a
     tenant name, a ``Tenant`` or ``None`` (the client's default tenant); a
     session belongs to the tenant that started it and no other sees it.
     """
@@ -49,10 +53,12 @@ class Sessions:
         renderer: Renderer | None = None,
         max_sessions: int = 100_000,
         ttl: float = 3600.0,
+        shared: SharedState | None = None,
     ) -> None:
         self.client = client
         self.renderer: Renderer = renderer or EngineRenderer(client)
         self.store = SessionStore(max_sessions, ttl)
+        self.shared = shared
 
     def _tenant(self, tenant: Any) -> str:
         if tenant is None:
@@ -72,6 +78,13 @@ class Sessions:
         the dispatch core's errors."""
         messages, tools = check_body(body)
         name = self._tenant(tenant)
+        if self.shared is not None:
+            async with claimed(self.shared, name, session_id, create=True, now=time.time()) as held:
+                response, content = await self._run(held, body, messages, tools, tenant, forward)
+                if content is not None:
+                    held.last_used = time.time()
+                    await save(self.shared, held, self.store.ttl)
+                return response, content
         session = self.store.open(name, session_id)
         if session.busy:
             raise SessionError(
@@ -81,44 +94,56 @@ class Sessions:
             )
         session.busy = True
         try:
-            model = body.get("model")
-
-            async def render(msgs: list[dict[str, Any]], generation: bool) -> list[int]:
-                return await self.renderer.chat_ids(
-                    msgs, tools, generation, model=model, tenant=tenant, session=session_id
-                )
-
-            rendered = await turn_prompt(session, messages, tools, render)
-            started = time.time()
-            response = await self.client.request(
-                "POST", "/v1/completions", json=completion_body(body, rendered.ids),
-                session=session_id, tenant=tenant, **forward,
-            )  # fmt: skip
-            if response.status != 200:
-                return response, None
-            try:
-                answer = orjson.loads(response.content)
-            except orjson.JSONDecodeError:
-                answer = {}
-            turn, choice = record_turn(
-                answer, rendered, started, response.engine, response.weight_version
-            )
-            turn.queue_time, turn.engine_time = response.queue_time, response.engine_time
-            session.turns.append(turn)
-            session.messages = [
-                *messages,
-                {"role": "assistant", "content": choice.get("text") or ""},
-            ]
-            session.tools = tools
-            index = len(session.turns) - 1
-            return response, chat_answer(
-                body, answer, choice, turn, session_id, index, response.request_id
-            )
+            return await self._run(session, body, messages, tools, tenant, forward)
         finally:
             session.busy = False
             session.last_used = time.time()
             if not session.turns:  # a first turn that failed leaves nothing behind
                 self.store.discard(name, session_id)
+
+    async def _run(
+        self,
+        session: Session,
+        body: dict[str, Any],
+        messages: list[dict[str, Any]],
+        tools: Any,
+        tenant: Any,
+        forward: dict[str, Any],
+    ) -> tuple[ForwardResponse, bytes | None]:
+        session_id = session.id
+        model = body.get("model")
+
+        async def render(msgs: list[dict[str, Any]], generation: bool) -> list[int]:
+            return await self.renderer.chat_ids(
+                msgs, tools, generation, model=model, tenant=tenant, session=session_id
+            )
+
+        rendered = await turn_prompt(session, messages, tools, render)
+        started = time.time()
+        response = await self.client.request(
+            "POST", "/v1/completions", json=completion_body(body, rendered.ids),
+            session=session_id, tenant=tenant, **forward,
+        )  # fmt: skip
+        if response.status != 200:
+            return response, None
+        try:
+            answer = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            answer = {}
+        turn, choice = record_turn(
+            answer, rendered, started, response.engine, response.weight_version
+        )
+        turn.queue_time, turn.engine_time = response.queue_time, response.engine_time
+        session.turns.append(turn)
+        session.messages = [
+            *messages,
+            {"role": "assistant", "content": choice.get("text") or ""},
+        ]
+        session.tools = tools
+        index = len(session.turns) - 1
+        return response, chat_answer(
+            body, answer, choice, turn, session_id, index, response.request_id
+        )
 
     async def chat(
         self, session: str, messages: list[dict[str, Any]], *, tenant: Any = None, **fields: Any
@@ -162,16 +187,7 @@ class Sessions:
         """Attach ``reward`` to the session (under ``name``) or to one ``turn``;
         raises :class:`SessionError` 404 (unknown session) or 400 (no such turn)."""
         session = self.get(session_id, tenant)
-        if turn is None:
-            session.rewards[name] = float(reward)
-        elif type(turn) is int and -len(session.turns) <= turn < len(session.turns):
-            session.turns[turn].reward = float(reward)
-        else:
-            raise SessionError(
-                400,
-                f"session {session_id!r} has no turn {turn!r} ({len(session.turns)} turns)",
-                "invalid_turn",
-            )
+        _apply_reward(session, reward, turn, name)
         return session
 
     def end(self, session_id: str, tenant: Any = None) -> dict[str, Any]:
@@ -188,4 +204,82 @@ class Sessions:
         return b"".join(
             orjson.dumps(trajectory_json(s)) + b"\n"
             for s in self.store.of_tenant(self._tenant(tenant))
+        )
+
+    # -- the gateway's routes: the fleet's store when shared, else this process's --
+
+    async def fetch(self, session_id: str, tenant: Any = None) -> dict[str, Any]:
+        """The trajectory (as :meth:`trajectory`), from the shared store when there is one."""
+        if self.shared is None:
+            return self.trajectory(session_id, tenant)
+        return trajectory_json(await load(self.shared, self._tenant(tenant), session_id))
+
+    async def add_reward(
+        self,
+        session_id: str,
+        reward: float,
+        *,
+        turn: int | None = None,
+        name: str = "reward",
+        tenant: Any = None,
+    ) -> Session:
+        """As :meth:`reward`; in the shared store, claimed (409 while a turn runs)."""
+        if self.shared is None:
+            return self.reward(session_id, reward, turn=turn, name=name, tenant=tenant)
+        async with claimed(
+            self.shared, self._tenant(tenant), session_id, create=False, now=time.time()
+        ) as held:
+            _apply_reward(held, reward, turn, name)
+            await save(self.shared, held, self.store.ttl)
+            return held
+
+    async def close(self, session_id: str, tenant: Any = None) -> dict[str, Any]:
+        """As :meth:`end`; in the shared store, claimed (409 while a turn runs)."""
+        if self.shared is None:
+            return self.end(session_id, tenant)
+        name = self._tenant(tenant)
+        async with claimed(self.shared, name, session_id, create=False, now=time.time()) as held:
+            try:
+                await self.shared.remove(state_key(name, session_id))
+            except ConnectionError:
+                raise SessionError(
+                    503, "the fleet's state store is unreachable; retry", "state_unavailable"
+                ) from None
+            return trajectory_json(held)
+
+    async def export(self, tenant: Any = None) -> bytes:
+        """As :meth:`export_jsonl`; from the shared store, in key order."""
+        if self.shared is None:
+            return self.export_jsonl(tenant)
+        name = self._tenant(tenant)
+        head = state_key(name, "")
+        try:
+            keys = await self.shared.keys(head)
+        except ConnectionError:
+            raise SessionError(
+                503, "the fleet's state store is unreachable; retry", "state_unavailable"
+            ) from None
+        lines = []
+        for key in keys:
+            try:
+                lines.append(
+                    orjson.dumps(trajectory_json(await load(self.shared, name, key[len(head) :])))
+                    + b"\n"
+                )
+            except SessionError as err:
+                if err.status != 404:  # ended or expired since the scan: skipped
+                    raise
+        return b"".join(lines)
+
+
+def _apply_reward(session: Session, reward: float, turn: int | None, name: str) -> None:
+    if turn is None:
+        session.rewards[name] = float(reward)
+    elif type(turn) is int and -len(session.turns) <= turn < len(session.turns):
+        session.turns[turn].reward = float(reward)
+    else:
+        raise SessionError(
+            400,
+            f"session {session.id!r} has no turn {turn!r} ({len(session.turns)} turns)",
+            "invalid_turn",
         )
