@@ -12,9 +12,10 @@ BELOW = {
     "http": set(),
     "dispatch": {"http"},
     "fleet": {"dispatch", "http"},
-    "server": {"fleet", "dispatch", "http"},
+    "sessions": {"dispatch", "http"},
+    "server": {"sessions", "fleet", "dispatch", "http"},
     "sim": {"http"},
-    "_demo": {"server", "fleet", "dispatch", "http", "sim"},
+    "_demo": {"server", "sessions", "fleet", "dispatch", "http", "sim"},
 }
 
 

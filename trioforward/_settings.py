@@ -99,6 +99,12 @@ class Settings:
     keep_alive: float = _knob(75.0, "server keep-alive timeout for client connections", "s", "server")
     max_body_size: int = _knob(64 * 1024 * 1024, "largest request body; 413 beyond", "bytes", "server")
 
+    # --- agent sessions (docs/sessions.md) ---------------------------------------
+    chat_sessions: bool = _knob(True, "X-Session-Id on POST /v1/chat/completions makes the request a turn of that agent session (not streamed, n = 1, no structured outputs: those are forwarded as before); false = the header only routes", "", "server")
+    session_ttl: float = _knob(3600.0, "a chat session (X-Session-Id) unused this long is dropped with its trajectory", "s", "server")
+    max_sessions: int = _knob(100000, "chat sessions held at most; a new one beyond is refused 429 session_store_full; 0 = unlimited", "sessions", "server")
+    session_tokenizer: str | None = _knob(None, "local model directory (tokenizer.json and its chat template) that renders session turns; unset = the engine's POST /tokenize", "path", "server")
+
     # --- traces (docs/operations.md, "End-to-end traces") ---------------------
     otlp_endpoint: str | None = _knob(None, "OpenTelemetry collector base URL (http://host:4318): spans go to URL/v1/traces over OTLP/HTTP protobuf; unset = the OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT variables, and no tracing without them (needs the tracing extra)", "URL", "tracing")
     trace_sample_ratio: float | None = _knob(None, "fraction 0..1 of new traces sampled (a client's traceparent decides its own); unset = OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG, else all", "ratio", "tracing")

@@ -29,6 +29,7 @@ from trioforward.fleet._control import ControlPlane
 from trioforward.fleet._futures import SharedFutures
 from trioforward.fleet._leases import CapacityLeases
 from trioforward.fleet._redis import STATE_ERRORS, Keys, open_redis
+from trioforward.fleet._sessions import FleetSessions
 
 __all__ = ["Fleet", "MemberRecord", "open_fleet"]
 
@@ -71,6 +72,8 @@ class Fleet:
         self.settings = settings
         self.redis = redis
         self.keys = Keys(settings.fleet_name)
+        # Agent sessions live in the state store in fleet mode (docs/sessions.md).
+        self.sessions = FleetSessions(redis, self.keys)
         self.leases = CapacityLeases(client.engines, settings.engine_capacity, member_id)
         self.members: dict[str, MemberRecord] = {}
         self.epoch = secrets.token_hex(4)  # names this member's Tinker future ids

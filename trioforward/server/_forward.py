@@ -28,9 +28,11 @@ from trioforward import Phase
 from trioforward.errors import EngineRejected, TrioforwardError, UpstreamBroken
 from trioforward.server._asgi import Call, Outcome, Route, Send, respond, send_start
 from trioforward.server._errors import dispatch_error_body, dispatch_error_headers, passed_on
+from trioforward.server._sessions import session_turn
 from trioforward.server._state import GatewayState
 from trioforward.server._timing import server_timing
 from trioforward.server._validate import validate_chat, validate_completion
+from trioforward.sessions import session_servable
 
 __all__ = ["ROUTES", "FORWARDED", "forward", "relay_stream"]
 # Longest SSE event held while waiting for its end (an SGLang stream repeats the
@@ -65,9 +67,15 @@ def _start(call: Call) -> Awaitable[None]:
         "group": log.group,
         "tenant": call.tenant,
     }
+    if forward["session"] is not None and call.path == "/v1/chat/completions" and _in_session(call):
+        return session_turn(call, forward)  # an agent session's turn: docs/sessions.md
     if call.data.get("stream"):
         return _relay_stream(call.state, call.path, forward, call.send, log)
     return _forward(call.state, call.path, forward, call.send, log)
+
+
+def _in_session(call: Call) -> bool:
+    return bool(call.state.settings.chat_sessions) and session_servable(call.data)
 
 
 ROUTES = {

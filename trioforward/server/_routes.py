@@ -13,6 +13,7 @@ from quart_trio import QuartTrio
 from trioforward.server._admin_routes import install_admin_routes, json_response, sampling_sessions
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
 from trioforward.server._router_compat import install_router_routes
+from trioforward.server._sessions import install_session_routes
 from trioforward.server._state import STATE_KEY, GatewayState, get_state
 
 __all__ = ["install_routes"]
@@ -89,3 +90,4 @@ def install_routes(app: QuartTrio) -> None:
 
     install_admin_routes(app)
     install_router_routes(app)  # SGLang router's worker routes (slime: _router_compat.py)
+    install_session_routes(app)  # agent sessions (docs/sessions.md)

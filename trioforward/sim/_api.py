@@ -36,6 +36,7 @@ __all__ = [
     "Generation",
     "SYSTEM_FINGERPRINT",
     "parse_generation",
+    "render_messages",
     "complete_body",
     "completion_logprobs",
     "chat_logprobs",
@@ -137,14 +138,21 @@ def _prompts(raw: Any) -> list[list[int]]:
 
 
 def _messages(body: dict[str, Any]) -> list[int]:
-    raw = body.get("messages")
+    return render_messages(body.get("messages"), body)
+
+
+def render_messages(raw: Any, body: dict[str, Any]) -> list[int]:
+    """The sim's chat template: one ``"role: content\\n"`` line per message, as UTF-8
+    byte ids (what the chat route and ``/tokenize`` prompt with); raises :class:`ApiError`."""
     if raw is None:
         raise missing_field("messages", body)
     if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
         raise invalid_field("messages", "list", raw)
     parts = []
-    for m in raw:
+    for i, m in enumerate(raw):
         content = m.get("content") or ""
+        if not isinstance(content, str | list):  # vLLM: a validation error
+            raise invalid_field(f"messages.{i}.content", "string", content)
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         parts.append(f"{m.get('role', 'user')}: {content}\n")

@@ -58,6 +58,7 @@ class OpenAIGeneration(TimingModel):
                 return await ex.respond(exc.status, _JSON, sglang_error(exc.status, exc.message))
             return await ex.respond(exc.status, _JSON, exc.body())
         stats.by_model[gen.model] += 1
+        stats.prompts.append(gen.prompts[0])
         if gen.seed is not None:
             stats.by_seed[gen.seed] += 1
         if not self.adapters.serves(gen.model) and not self.adapters.resolve_now(gen.model):
@@ -87,6 +88,7 @@ class OpenAIGeneration(TimingModel):
                 prefill_tokens(self.prefix_cache, self.stats, gen)
                 samples = gen.samples()
                 stats.tokens_decoded += sum(len(s.tokens) for s in samples)
+                stats.sampled.append([list(s.tokens) for s in samples])
                 cache_outputs(self.prefix_cache, gen, samples)
             finally:
                 stats.running -= 1

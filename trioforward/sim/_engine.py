@@ -53,6 +53,7 @@ from trioforward.sim._token_routes import (
     serve_token_route,
     token_paths,
 )
+from trioforward.sim._tokenize import serve_tokenize
 
 __all__ = ["SimEngine"]
 
@@ -279,6 +280,9 @@ class SimEngine(OpenAIGeneration):
             return await ex.respond(*await self.adapters.load(body))
         if path == "/v1/unload_lora_adapter" and method == b"POST" and self.kind != "sglang":
             return await ex.respond(*self.adapters.unload(body))
+        if path == "/tokenize" and method == b"POST" and self.kind != "sglang":
+            status, answer = serve_tokenize(body, self.max_model_len)
+            return await ex.respond(status, _JSON, answer)
         if path == "/reset_prefix_cache" and method == b"POST":
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()

@@ -53,6 +53,11 @@ class EngineStats:
       carried one, in arrival order (the last :data:`TRACEPARENTS_KEPT`);
     - ``request_ids``: the ``X-Request-Id`` of generation requests, in arrival
       order (the last 4096): what vLLM takes as its request id.
+    - ``prompts``: the prompt token ids of each generation request (its first
+      prompt), in arrival order (the last 4096); ``sampled``: the token ids each
+      answered instant-mode generation sampled (one list per choice, stop token
+      included), in answer order (the last 4096): what the engine was prompted with
+      and produced, for tests that check a gateway's token bookkeeping.
     - ``rejected``: answers injected by the ``reject`` fault;
       ``faults``: ``Counter[fault name]`` of every fault applied.
 
@@ -92,6 +97,8 @@ class EngineStats:
         self.traceparents: list[str] = []
         self.faults: Counter[str] = Counter()
         self.request_ids: deque[str] = deque(maxlen=4096)
+        self.prompts: deque[list[int]] = deque(maxlen=4096)
+        self.sampled: deque[list[list[int]]] = deque(maxlen=4096)
         self._waiters = 0
         self._changed = trio.Event()
 

@@ -1,0 +1,183 @@
+"""Agent sessions on the gateway (docs/sessions.md): a chat turn that names its
+session (``X-Session-Id``) and the session routes.
+
+- ``POST /v1/chat/completions`` with ``X-Session-Id``: served by
+  :meth:`trioforward.sessions.Sessions.turn` (the front's chat route hands it
+  here: :func:`session_turn`);
+- ``GET /v1/sessions/{id}``: the trajectory; ``DELETE /v1/sessions/{id}``: end
+  it (answers the trajectory); ``POST /v1/sessions/{id}/reward``
+  ``{"reward": float, "turn"?: int, "name"?: str}``; ``GET /v1/sessions``:
+  every session of the caller's tenant as JSONL, one trajectory a line.
+
+Every route is the caller's tenant's only (its API key): another tenant's
+session answers 404 as an unknown one does. Errors are OpenAI-style JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from trioforward.dispatch import bad_id_reason
+from trioforward.errors import EngineRejected, TrioforwardError
+from trioforward.server._admin_routes import json_response
+from trioforward.server._asgi import Call, respond
+from trioforward.server._auth import check_auth
+from trioforward.server._errors import dispatch_error_body, dispatch_error_headers, passed_on
+from trioforward.server._state import GatewayState, get_state
+from trioforward.sessions import LocalRenderer, SessionError, Sessions
+
+__all__ = ["session_turn", "install_session_routes", "sessions_of"]
+
+_KEY = "sessions"
+
+
+def sessions_of(state: GatewayState) -> Sessions:
+    """The gateway's :class:`Sessions`, made on first use from the settings
+    (``max_sessions``, ``session_ttl``, ``session_tokenizer``)."""
+    sessions: Sessions | None = state.extras.get(_KEY)
+    if sessions is None:
+        settings = state.settings
+        path = settings.session_tokenizer
+        renderer = LocalRenderer.from_directory(path) if path else None
+        shared = (
+            None if state.fleet is None else state.fleet.sessions
+        )  # docs/sessions.md, "Fleet mode"
+        sessions = Sessions(
+            state.client,
+            renderer=renderer,
+            max_sessions=settings.max_sessions,
+            ttl=settings.session_ttl,
+            shared=shared,
+        )
+        state.extras[_KEY] = sessions
+    return sessions
+
+
+def _error(err: SessionError) -> bytes:
+    return orjson.dumps(err.to_json())
+
+
+async def session_turn(call: Call, forward: dict[str, Any]) -> None:
+    """Answer a chat turn of session ``forward["session"]``; ``forward``: the chat
+    route's keyword arguments for the dispatch client."""
+    log, send = call.log, call.send
+    id_header = (b"x-request-id", (log.request_id or "").encode())
+    session_id = forward["session"]
+    reason = bad_id_reason(session_id)
+    if reason is not None:
+        log.status = 400
+        err = SessionError(400, f"X-Session-Id {reason}", "invalid_session_id")
+        await respond(send, 400, _error(err), extra=(id_header,))
+        return
+    kwargs = {k: forward[k] for k in ("headers", "on_dispatch", "span", "request_id", "group")}
+    try:
+        response, content = await sessions_of(call.state).turn(
+            session_id, call.data, tenant=call.tenant, **kwargs
+        )
+    except SessionError as err:
+        log.status, log.error = err.status, err.code
+        log.complete = True
+        await respond(send, err.status, _error(err), extra=(id_header,))
+        return
+    except TrioforwardError as err:
+        log.dispatched(err.engine, err.attempts, err.queue_time, err.engine_time)
+        log.status, log.error = err.status, err.code
+        log.complete = True
+        if isinstance(err, EngineRejected):
+            await respond(send, err.status, err.body, extra=(*passed_on(err.headers), id_header))
+        else:
+            extra = (*dispatch_error_headers(err), id_header)
+            await respond(send, err.status, dispatch_error_body(err), extra=extra)
+        return
+    log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
+    log.status = response.status
+    log.complete = True
+    extra = (*passed_on(response.headers), id_header)
+    version = log.version = response.weight_version
+    if version is not None:
+        extra = (*extra, (b"x-weight-version", version.encode()))
+    await respond(
+        send, response.status, response.content if content is None else content, extra=extra
+    )
+
+
+def _tenant(state: GatewayState) -> Any:
+    return check_auth(
+        state.settings, request.path, lambda name: request.headers.get(name), state.client.tenants
+    )
+
+
+def _refusal(err: SessionError) -> Response:
+    return Response(_error(err), status=err.status, content_type="application/json")
+
+
+def install_session_routes(app: QuartTrio) -> None:
+    """Registers the session views on ``app`` (module docstring)."""
+
+    @app.get("/v1/sessions/<session_id>")
+    async def get_session(session_id: str) -> Response:
+        state = get_state()
+        try:
+            return json_response(await sessions_of(state).fetch(session_id, _tenant(state)))
+        except SessionError as err:
+            return _refusal(err)
+
+    @app.delete("/v1/sessions/<session_id>")
+    async def end_session(session_id: str) -> Response:
+        state = get_state()
+        try:
+            return json_response(await sessions_of(state).close(session_id, _tenant(state)))
+        except SessionError as err:
+            return _refusal(err)
+
+    @app.post("/v1/sessions/<session_id>/reward")
+    async def reward_session(session_id: str) -> Response:
+        state = get_state()
+        try:
+            try:
+                body = orjson.loads(await request.get_data())
+            except orjson.JSONDecodeError:
+                raise SessionError(
+                    400,
+                    'the body must be JSON: {"reward": number, "turn"?: int, "name"?: str}',
+                    "invalid_json",
+                ) from None
+            if not isinstance(body, dict) or set(body) - {"reward", "turn", "name"}:
+                raise SessionError(
+                    400, "the body takes reward, turn and name only", "invalid_reward"
+                )
+            reward, turn, name = body.get("reward"), body.get("turn"), body.get("name", "reward")
+            if not isinstance(reward, int | float) or isinstance(reward, bool):
+                raise SessionError(
+                    400, f"reward must be a number (got {reward!r})", "invalid_reward"
+                )
+            if not isinstance(name, str) or not name:
+                raise SessionError(
+                    400, f"name must be a non-empty string (got {name!r})", "invalid_reward"
+                )
+            sessions = sessions_of(state)
+            session = await sessions.add_reward(
+                session_id, reward, turn=turn, name=name, tenant=_tenant(state)
+            )
+            return json_response(
+                {
+                    "id": session.id,
+                    "rewards": session.rewards,
+                    "turn_rewards": [t.reward for t in session.turns],
+                }
+            )
+        except SessionError as err:
+            return _refusal(err)
+
+    @app.get("/v1/sessions")
+    async def export_sessions() -> Response:
+        state = get_state()
+        try:
+            body = await sessions_of(state).export(_tenant(state))
+        except SessionError as err:
+            return _refusal(err)
+        return Response(body, content_type="application/jsonl")
