@@ -1,0 +1,351 @@
+"""Rollout makespan: one RL step through trioforward's routing modes and smg, sglang-router and vllm-router, against the lower bound.
+
+One RL step as a trainer sends it — GRPO prompt groups (a group's samples share
+their prompt) and multi-turn agent sessions, long-tailed output lengths, all
+submitted at once — through each system in turn, in front of the same
+simulated engines (``trioforward sim-engine`` on 127.0.0.1), each engine's
+prefix cache and counters reset before every run. Systems: ``trioforward
+serve`` with each ``routing`` (told the engines' ``max_num_seqs`` as
+``engine_capacity``; ``session`` gets the group or session id as
+``X-Session-ID``), and smg, sglang-router and vllm-router (PyPI, Rust) in
+their cache-aware and least-loaded policies (``least_load`` for smg,
+``power_of_two`` for the other two), other knobs at their defaults but a queue
+that holds the step. Repeats alternate the systems (each repeat rotates the
+order) and the table gives medians.
+
+Measures per system: ``makespan_s`` (first request sent to last answer),
+``tokens_per_s`` (output tokens over the makespan), p50/p99 request latency,
+``preemptions`` (from each engine's ``/metrics``, ``vllm:num_preemptions_total``;
+``null`` while the sim serves none), ``prefix_hit_rate`` (prompt tokens found
+in the engines' prefix caches over all prompt tokens, ``/sim/stats``),
+``busy_fraction`` (the share of 50 ms samples of ``/sim/stats`` in which an
+engine ran a request, averaged over engines) and ``vs_lower_bound``, the
+makespan over ``lower_bound_s``: the larger of the whole work at the fleet's
+best throughput (every slot busy, each distinct prefix computed once) and the
+longest chain alone (a request, or a session's turns back to back). See
+docs/performance.md, "Rollout makespan", for the engine timing and the
+workload drawn.
+
+    python bench/rollout_makespan.py --quick     # <= 3 minutes here
+    python bench/rollout_makespan.py             # 8 engines, a larger step
+
+Writes ``bench/results/rollout_makespan.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import re
+import statistics
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+try:  # `python bench/rollout_makespan.py`, or bench/ on sys.path (bench/run_all.py)
+    import _rollout_workload as rollout
+    import _targets as targets
+except ImportError:  # `python -m bench.rollout_makespan`
+    from bench import _rollout_workload as rollout  # type: ignore[no-redef]
+    from bench import _targets as targets  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+CLI = targets.CLI
+SYSTEMS = (
+    "trioforward:least-outstanding", "trioforward:round-robin", "trioforward:session", "trioforward:prefix",
+    "smg:cache_aware", "smg:least_load", "sglang-router:cache_aware", "sglang-router:power_of_two",
+    "vllm-router:cache_aware", "vllm-router:power_of_two",
+)
+# How each Rust router is started (by module: two wheels install an `smg` script).
+MODULES = {"smg": "smg", "sglang-router": "sglang_router", "vllm-router": "vllm_router.launch_router"}
+PACKAGES = {"trioforward": "trioforward", "smg": "smg", "sglang-router": "sglang-router",
+            "vllm-router": "vllm-router"}
+SAMPLE_S = 0.05
+PREEMPTIONS = re.compile(r"^vllm:num_preemptions_total(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.M)
+
+
+# --- systems --------------------------------------------------------------------------
+
+
+def _argv(system: str, port: int, engines: list[str], slots: int) -> list[str]:
+    kind, _, policy = system.partition(":")
+    py = sys.executable
+    if kind == "trioforward":
+        args = [py, "-c", CLI, "serve", "--host", "127.0.0.1", "--port", str(port), "--routing", policy,
+                "--engine-capacity", str(slots), "--no-access-log", "--log-level", "warning"]
+        for url in engines:
+            args += ["--engine", url]
+        return args
+    launch = [] if kind == "vllm-router" else ["launch"]
+    args = [py, "-m", MODULES[kind], *launch, "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *engines, "--policy", policy, "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(targets.free_port("127.0.0.1"))]
+    # A queue that holds the whole step: the defaults (smg's 100) would refuse it.
+    args += ["--queue-size", "65536"]
+    args += ["--log-level", "warning" if kind == "vllm-router" else "warn"]
+    return args
+
+
+def _installed(system: str) -> str | None:
+    """The package's version, or None when it is not installed."""
+    kind = system.partition(":")[0]
+    module = MODULES.get(kind, "trioforward").split(".")[0]
+    if importlib.util.find_spec(module) is None:
+        return None
+    return metadata.version(PACKAGES[kind])
+
+
+def _start(system: str, engines: list[str], slots: int, procs: list[Any]) -> tuple[str, list[str]]:
+    port = targets.free_port("127.0.0.1")
+    args = _argv(system, port, engines, slots)
+    proc = targets.spawn(args)
+    procs.append(proc)
+    url = f"http://127.0.0.1:{port}"
+    targets.wait_health(url, proc, timeout=90)
+    deadline = time.monotonic() + 90
+    while targets.post_json(url + "/v1/completions", targets.READY_BODY, timeout=5)[0] != 200:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{system} answered no completion")
+        time.sleep(0.2)
+    return url, ["python" if a == sys.executable else a for a in args]
+
+
+def _engine_argv(port: int, args: Any) -> list[str]:
+    return [sys.executable, "-c", CLI, "sim-engine", "--port", str(port), "--capacity", str(args.slots),
+            "--prefill-ms-per-token", str(args.prefill_ms), "--decode-ms-per-token", str(args.decode_ms),
+            "--prefix-cache-tokens", str(args.cache_tokens)]
+
+
+# --- one run ---------------------------------------------------------------------------
+
+
+async def _get(session: Any, url: str) -> tuple[int, str]:
+    async with session.get(url) as response:
+        return response.status, await response.text()
+
+
+async def _preemptions(session: Any, engines: list[str]) -> int | None:
+    """The engines' ``vllm:num_preemptions_total`` summed; None when one serves no ``/metrics``."""
+    total = 0.0
+    for url in engines:
+        status, body = await _get(session, url + "/metrics")
+        found = PREEMPTIONS.search(body) if status == 200 else None
+        if found is None:
+            return None
+        total += float(found.group(1))
+    return int(total)
+
+
+async def _sample_busy(session: Any, engines: list[str], out: list[list[bool]]) -> None:
+    while True:
+        row = []
+        for url in engines:
+            row.append(json.loads((await _get(session, url + "/sim/stats"))[1])["running"] > 0)
+        out.append(row)
+        await asyncio.sleep(SAMPLE_S)
+
+
+async def _run(system: str, url: str, engines: list[str], work: rollout.Workload) -> dict[str, Any]:
+    """Sends the whole step at once; returns the run's measures."""
+    import aiohttp
+
+    headers = system == "trioforward:session"
+    latencies: list[float] = []
+    tokens = [0]
+    errors: list[str] = []
+
+    async def complete(session: Any, prompt: str, max_tokens: int, key: str) -> None:
+        body = {"model": "sim-base", "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0}
+        start = time.perf_counter()
+        async with session.post(url + "/v1/completions", json=body,
+                                headers={"x-session-id": key} if headers else {}) as response:
+            data = await response.read()
+        if response.status != 200:
+            errors.append(f"{response.status} {data[:120]!r}")
+            return
+        latencies.append(time.perf_counter() - start)
+        tokens[0] += int(json.loads(data)["usage"]["completion_tokens"])
+
+    async def episode(session: Any, s: int) -> None:
+        for t in range(work.turns):
+            await complete(session, work.session_prompt(s, t), work.session_outputs[s][t], f"session-{s}")
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as session:
+        for engine in engines:
+            async with session.post(engine + "/reset_prefix_cache") as response:
+                await response.read()
+            async with session.post(engine + "/sim/faults", json={"reset_stats": True}) as response:
+                await response.read()
+        preempted = await _preemptions(session, engines)
+        busy: list[list[bool]] = []
+        sampler = asyncio.ensure_future(_sample_busy(session, engines, busy))
+        start = time.perf_counter()
+        try:
+            await asyncio.gather(
+                *(complete(session, work.group_prompts[g], o, f"group-{g}")
+                  for g in range(work.groups) for o in work.group_outputs[g]),
+                *(episode(session, s) for s in range(work.sessions)),
+            )
+        finally:
+            makespan = time.perf_counter() - start
+            sampler.cancel()
+        after = await _preemptions(session, engines)
+        stats = [json.loads((await _get(session, e + "/sim/stats"))[1]) for e in engines]
+    cached = sum(s["prompt_tokens_cached"] for s in stats)
+    prompt = cached + sum(s["prompt_tokens_computed"] for s in stats)
+    lat = sorted(latencies)
+    return {
+        "system": system,
+        "makespan_s": makespan,
+        "tokens_per_s": tokens[0] / makespan,
+        "output_tokens": tokens[0],
+        "requests": len(latencies) + len(errors),
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "p50_ms": 1e3 * lat[len(lat) // 2] if lat else None,
+        "p99_ms": 1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
+        "preemptions": None if preempted is None or after is None else after - preempted,
+        "prefix_hit_rate": cached / prompt if prompt else 0.0,
+        "busy_fraction": sum(map(sum, busy)) / (len(busy) * len(engines)) if busy else None,
+        "requests_per_engine": [int(s["by_path"].get("/v1/completions", 0)) for s in stats],
+    }
+
+
+# --- the benchmark ---------------------------------------------------------------------
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> Any:
+    values = [r[key] for r in rows if r[key] is not None]
+    return statistics.median(values) if values else None
+
+
+def _summarise(rows: list[dict[str, Any]], bound: float) -> dict[str, Any]:
+    makespan = _median(rows, "makespan_s")
+    return {
+        "makespan_s": round(makespan, 3),
+        "vs_lower_bound": round(makespan / bound, 3),
+        "tokens_per_s": round(_median(rows, "tokens_per_s"), 1),
+        "p50_ms": _median(rows, "p50_ms"),
+        "p99_ms": _median(rows, "p99_ms"),
+        "preemptions": _median(rows, "preemptions"),
+        "requests": rows[0]["requests"],
+        "errors": sum(r["errors"] for r in rows),
+        "prefix_hit_rate": round(_median(rows, "prefix_hit_rate"), 3),
+        "busy_fraction": _median(rows, "busy_fraction"),
+        "makespans_s": [round(r["makespan_s"], 3) for r in rows],
+    }
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    lines = [f"lower bound {doc['lower_bound_s']:.2f} s (work at the fleet's best throughput "
+             f"{doc['lower_bound']['work_s']:.2f} s, longest chain alone {doc['lower_bound']['chain_s']:.2f} s)",
+             "",
+             "| system | makespan s | x bound | tokens/s | p50 ms | p99 ms | preemptions | prefix hits | busy | errors |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def fmt(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    for name, s in doc["systems"].items():
+        lines.append(
+            f"| {name} | {s['makespan_s']:.2f} | {s['vs_lower_bound']:.2f} | {s['tokens_per_s']:,.0f} | "
+            f"{fmt(s['p50_ms'], ',.0f')} | {fmt(s['p99_ms'], ',.0f')} | {fmt(s['preemptions'], 'd')} | "
+            f"{s['prefix_hit_rate']:.0%} | {fmt(s['busy_fraction'], '.0%')} | {s['errors']} |")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="4 engines, 12 groups x 8, 8 sessions x 3 (<= 3 min)")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=32)
+    p.add_argument("--engines", type=int, default=8)
+    p.add_argument("--slots", type=int, default=16, help="each engine's max_num_seqs")
+    p.add_argument("--groups", type=int, default=32)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--median-output", type=int, default=300)
+    p.add_argument("--max-output", type=int, default=4096)
+    p.add_argument("--decode-ms", type=float, default=0.5, help="a decode step (ms)")
+    p.add_argument("--prefill-ms", type=float, default=0.02, help="a prompt token's prefill (ms)")
+    p.add_argument("--cache-tokens", type=int, default=16384, help="each engine's prefix cache (tokens)")
+    p.add_argument("--output", type=Path, default=RESULTS / "rollout_makespan.json")
+    return p
+
+
+QUICK = {"engines": 4, "slots": 8, "groups": 12, "samples": 8, "sessions": 8, "turns": 3,
+         "median_output": 200, "max_output": 2048}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.quick:  # the quick sizes, unless given explicitly
+        given = {a.split("=")[0].lstrip("-").replace("-", "_") for a in (argv or sys.argv[1:])}
+        for key, value in QUICK.items():
+            if key not in given:
+                setattr(args, key, value)
+    work = rollout.draw(args.seed, args.groups, args.samples, args.sessions, args.turns,
+                        args.median_output, max_output=args.max_output)
+    timing = rollout.FlatTiming(args.prefill_ms, args.decode_ms, args.slots)
+    bound = rollout.lower_bound(work, timing, args.engines)
+    systems = [s for s in args.systems.split(",") if s]
+    skipped = {s: "not installed (pip install -e '.[bench]')" for s in systems if _installed(s) is None}
+    systems = [s for s in systems if s not in skipped]
+    procs: list[Any] = []
+    runs: list[dict[str, Any]] = []
+    started: dict[str, dict[str, Any]] = {}
+    took = time.perf_counter()
+    try:
+        engines = []
+        for _ in range(args.engines):
+            port = targets.free_port("127.0.0.1")
+            procs.append(targets.spawn(_engine_argv(port, args)))
+            engines.append(f"http://127.0.0.1:{port}")
+        for url, proc in zip(engines, procs, strict=True):
+            targets.wait_health(url, proc)
+        for system in systems:
+            url, shown = _start(system, engines, args.slots, procs)
+            started[system] = {"url": url, "argv": shown, "version": _installed(system)}
+        for r in range(args.repeats):
+            order = systems[r % len(systems):] + systems[:r % len(systems)]
+            for system in order:
+                row = asyncio.run(_run(system, started[system]["url"], engines, work))
+                row["repeat"] = r
+                runs.append(row)
+                print(f"  {system} #{r}: {row['makespan_s']:.2f} s, {row['errors']} errors", flush=True)
+    finally:
+        for proc in reversed(procs):
+            targets.stop(proc)
+    doc: dict[str, Any] = {
+        "benchmark": "rollout_makespan",
+        "argv": list(argv if argv is not None else sys.argv[1:]),
+        "seconds": round(time.perf_counter() - took, 1),
+        "lower_bound_s": round(bound["lower_bound_s"], 3),
+        "lower_bound": {k: round(v, 3) for k, v in bound.items()},
+        "engine": {"engines": args.engines, "max_num_seqs": args.slots, "decode_ms": args.decode_ms,
+                   "prefill_ms_per_token": args.prefill_ms, "prefix_cache_tokens": args.cache_tokens,
+                   "model": "flat (the sim's timing today: a step costs decode_ms whatever the batch)"},
+        "systems": {s: _summarise([r for r in runs if r["system"] == s], bound["lower_bound_s"])
+                    for s in systems},
+        "skipped": skipped,
+        "started": {s: {"argv": v["argv"], "version": v["version"]} for s, v in started.items()},
+        "workload": work.describe(),
+        "runs": runs,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(doc, indent=1) + "\n")
+    print(format_table(doc))
+    return doc
+
+
+if __name__ == "__main__":
+    main()
