@@ -1,6 +1,6 @@
 """One RL step's requests for ``bench/rollout_makespan.py``, and the lower bound
-on its makespan from the engines' timing model (docs/performance.md, "Rollout
-makespan").
+on its makespan from the engines' timing model (docs/performance.md,
+"Rollout makespan: engine timing and workload").
 
 The workload is drawn once from a seed and is the same for every system:
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FlatTiming", "Workload", "draw", "lower_bound", "text"]
+__all__ = ["FlatTiming", "Workload", "draw", "lower_bound", "model_lower_bound", "text"]
 
 
 def text(tag: str, n: int) -> str:
@@ -156,4 +156,66 @@ def lower_bound(work: Workload, timing: FlatTiming, engines: int) -> dict[str, f
     slot_s += engines * timing.request_s(work.system_tokens, 0)
     work_s = slot_s / (engines * timing.slots)
     chain_s = max(chains, default=0.0)
+    return {"work_s": work_s, "chain_s": chain_s, "lower_bound_s": max(work_s, chain_s)}
+
+
+def _distinct_prompt(work: Workload, engines: int) -> int:
+    """Prompt tokens computed once each distinct prefix is computed once: the
+    system prompt once per engine, each question once, each session turn only
+    what it adds to the previous prompt."""
+    total = engines * work.system_tokens
+    total += sum(len(p) - work.system_tokens for p in work.group_prompts)
+    for s, first in enumerate(work.session_first):
+        total += len(first) - work.system_tokens
+        total += sum(work.session_outputs[s][t] + work.session_tool[s][t] for t in range(work.turns - 1))
+    return total
+
+
+def _requests(work: Workload) -> list[tuple[int, int, int]]:
+    """``(session or -1, prompt tokens, output tokens)`` of every request."""
+    out = [(-1, len(p), o) for g, p in enumerate(work.group_prompts) for o in work.group_outputs[g]]
+    for s in range(work.sessions):
+        out += [(s, len(work.session_prompt(s, t)), work.session_outputs[s][t]) for t in range(work.turns)]
+    return out
+
+
+def model_lower_bound(work: Workload, profile: Any, engines: int, max_num_seqs: int, kv_cache_tokens: int,
+                      time_scale: float = 1.0) -> dict[str, float]:
+    """:func:`lower_bound` for engines that run the sim's engine model
+    (``profile``: a ``trioforward.sim`` ``EngineProfile``; a step costs
+    ``step_s + seq_s·batch + kv_token_s·kv_tokens + prefill_token_s·prefill``,
+    docs/sim.md). Engine time adds up over the fleet's steps whatever the
+    placement: ``seq_s`` per decoded token, ``kv_token_s`` per context token a
+    decoded token reads, ``prefill_token_s`` per distinct prompt token; and a
+    step decodes at most ``max_num_seqs`` tokens and reads at most
+    ``kv_cache_tokens`` (0 = no limit), which bounds the steps (``step_s``
+    each) from below. ``chain_s``: the longest chain alone — its prefill in
+    chunks of ``max_num_batched_tokens``, then one token a step at batch 1
+    (the first from the prefill's step). Seconds, times ``time_scale``."""
+    tokens = 0
+    context = 0
+    chains: dict[int, float] = {}
+    longest = 0.0
+    previous: dict[int, int] = {}
+    for session, prompt, output in _requests(work):
+        tokens += output
+        # decoded token i (0-based) reads prompt + i tokens of KV
+        context += output * prompt + output * (output - 1) // 2
+        new = prompt - previous.get(session, 0) if session >= 0 else prompt
+        chunks = -(-new // profile.max_num_batched_tokens)
+        alone = (chunks * profile.step_s + new * profile.prefill_token_s
+                 + (output - 1) * (profile.step_s + profile.seq_s)
+                 + profile.kv_token_s * ((output - 1) * prompt + output * (output - 1) // 2))
+        if session >= 0:
+            chains[session] = chains.get(session, 0.0) + alone
+            previous[session] = prompt  # the answer re-enters as new text (Workload.session_prompt)
+        else:
+            longest = max(longest, alone)
+    steps = tokens / max_num_seqs
+    if kv_cache_tokens > 0:
+        steps = max(steps, context / kv_cache_tokens)
+    fleet_s = (steps * profile.step_s + tokens * profile.seq_s + context * profile.kv_token_s
+               + _distinct_prompt(work, engines) * profile.prefill_token_s)
+    work_s = time_scale * fleet_s / engines
+    chain_s = time_scale * max([longest, *chains.values()])
     return {"work_s": work_s, "chain_s": chain_s, "lower_bound_s": max(work_s, chain_s)}

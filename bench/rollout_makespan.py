@@ -1,4 +1,4 @@
-"""Rollout makespan: one RL step through trioforward's routing modes and smg, sglang-router and vllm-router, against the lower bound.
+"""Rollout makespan: one RL step through each router on the same engines, against the lower bound.
 
 One RL step as a trainer sends it — GRPO prompt groups (a group's samples share
 their prompt) and multi-turn agent sessions, long-tailed output lengths, all
@@ -23,7 +23,7 @@ engine ran a request, averaged over engines) and ``vs_lower_bound``, the
 makespan over ``lower_bound_s``: the larger of the whole work at the fleet's
 best throughput (every slot busy, each distinct prefix computed once) and the
 longest chain alone (a request, or a session's turns back to back). See
-docs/performance.md, "Rollout makespan", for the engine timing and the
+docs/performance.md, "Rollout makespan: engine timing and workload", for the engine timing and the
 workload drawn.
 
     python bench/rollout_makespan.py --quick     # <= 3 minutes here
@@ -243,11 +243,12 @@ def _summarise(rows: list[dict[str, Any]], bound: float) -> dict[str, Any]:
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    lines = [f"lower bound {doc['lower_bound_s']:.2f} s (work at the fleet's best throughput "
-             f"{doc['lower_bound']['work_s']:.2f} s, longest chain alone {doc['lower_bound']['chain_s']:.2f} s)",
-             "",
-             "| system | makespan s | x bound | tokens/s | p50 ms | p99 ms | preemptions | prefix hits | busy | errors |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Markdown: one row per system (medians), the lower bound first."""
+    bound = doc["lower_bound"]
+    lines = ["| system | makespan s | x bound | tokens/s | p50 ms | p99 ms | preemptions | prefix hits | busy | errors |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             f"| lower bound (work {bound['work_s']:.2f} s, longest chain {bound['chain_s']:.2f} s) | "
+             f"{doc['lower_bound_s']:.2f} | 1.00 | | | | | | | |"]
 
     def fmt(v: Any, spec: str) -> str:
         return "-" if v is None else format(v, spec)
@@ -255,7 +256,7 @@ def format_table(doc: dict[str, Any]) -> str:
     for name, s in doc["systems"].items():
         lines.append(
             f"| {name} | {s['makespan_s']:.2f} | {s['vs_lower_bound']:.2f} | {s['tokens_per_s']:,.0f} | "
-            f"{fmt(s['p50_ms'], ',.0f')} | {fmt(s['p99_ms'], ',.0f')} | {fmt(s['preemptions'], 'd')} | "
+            f"{fmt(s['p50_ms'], ',.0f')} | {fmt(s['p99_ms'], ',.0f')} | {fmt(s['preemptions'], ',.0f')} | "
             f"{s['prefix_hit_rate']:.0%} | {fmt(s['busy_fraction'], '.0%')} | {s['errors']} |")
     return "\n".join(lines)
 
