@@ -53,6 +53,11 @@ class EngineStats:
       carried one, in arrival order (the last :data:`TRACEPARENTS_KEPT`);
     - ``request_ids``: the ``X-Request-Id`` of generation requests, in arrival
       order (the last 4096): what vLLM takes as its request id.
+    - engine model (a profile; docs/sim.md, "Engine model"): ``preemptions``:
+      sequences preempted by recompute (``vllm:num_preemptions_total``);
+      ``kv_too_small``: sequences ended because alone they outgrew the KV budget.
+      With a profile ``running`` / ``queued`` count sequences (each of ``n``
+      choices), as vLLM v1's ``num_requests_running`` / ``_waiting`` do.
     - ``rejected``: answers injected by the ``reject`` fault;
       ``faults``: ``Counter[fault name]`` of every fault applied.
 
@@ -88,6 +93,8 @@ class EngineStats:
         self.completed_by_version: Counter[str] = Counter()
         self.completed_mixed = 0
         self.tokens_decoded = 0
+        self.preemptions = 0
+        self.kv_too_small = 0
         self.rejected = 0
         self.traceparents: list[str] = []
         self.faults: Counter[str] = Counter()
