@@ -38,8 +38,10 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 from importlib import metadata
@@ -100,25 +102,72 @@ def _installed(system: str) -> str | None:
     return metadata.version(PACKAGES[kind])
 
 
-def _start(system: str, engines: list[str], slots: int, procs: list[Any]) -> tuple[str, list[str]]:
+def _spawn(system: str, engines: list[str], slots: int, procs: list[Any]) -> tuple[str, list[str], Any]:
     port = targets.free_port("127.0.0.1")
     args = _argv(system, port, engines, slots)
     proc = targets.spawn(args)
     procs.append(proc)
-    url = f"http://127.0.0.1:{port}"
-    targets.wait_health(url, proc, timeout=90)
-    deadline = time.monotonic() + 90
+    return f"http://127.0.0.1:{port}", ["python" if a == sys.executable else a for a in args], proc
+
+
+def _ready(system: str, url: str, proc: Any) -> None:
+    """Returns once a completion went through ``url`` (the Rust routers answer
+    ``/health`` before their engines are registered)."""
+    targets.wait_health(url, proc, timeout=120)
+    deadline = time.monotonic() + 120
     while targets.post_json(url + "/v1/completions", targets.READY_BODY, timeout=5)[0] != 200:
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{system} answered no completion")
         time.sleep(0.2)
-    return url, ["python" if a == sys.executable else a for a in args]
+
+
+def _stop_all(procs: list[Any]) -> None:
+    """SIGTERM to every process at once, then SIGKILL to those still up after 10 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + 10
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _engine_argv(port: int, args: Any) -> list[str]:
-    return [sys.executable, "-c", CLI, "sim-engine", "--port", str(port), "--capacity", str(args.slots),
-            "--prefill-ms-per-token", str(args.prefill_ms), "--decode-ms-per-token", str(args.decode_ms),
-            "--prefix-cache-tokens", str(args.cache_tokens)]
+    argv = [sys.executable, "-c", CLI, "sim-engine", "--port", str(port), "--max-num-seqs", str(args.slots)]
+    if args.profile == "flat":
+        return argv + ["--prefill-ms-per-token", str(args.prefill_ms), "--decode-ms-per-token",
+                       str(args.decode_ms), "--prefix-cache-tokens", str(args.cache_tokens)]
+    # The prefix cache lives inside the KV budget (docs/sim.md, "Engine model").
+    return argv + ["--profile", args.profile, "--kv-cache-tokens", str(args.kv_cache_tokens),
+                   "--prefix-cache-tokens", str(args.kv_cache_tokens), "--time-scale", str(args.time_scale)]
+
+
+def _bound(work: rollout.Workload, args: Any) -> dict[str, float]:
+    if args.profile == "flat":
+        return rollout.lower_bound(work, rollout.FlatTiming(args.prefill_ms, args.decode_ms, args.slots),
+                                   args.engines)
+    from trioforward.sim._physics import PROFILES
+
+    return rollout.model_lower_bound(work, PROFILES[args.profile], args.engines, args.slots,
+                                     args.kv_cache_tokens, args.time_scale)
+
+
+def _engine_doc(args: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"engines": args.engines, "max_num_seqs": args.slots, "profile": args.profile}
+    if args.profile == "flat":
+        return doc | {"decode_ms": args.decode_ms, "prefill_ms_per_token": args.prefill_ms,
+                      "prefix_cache_tokens": args.cache_tokens,
+                      "model": "flat: a decode step costs decode_ms whatever the batch"}
+    from trioforward.sim._physics import PROFILES
+
+    profile = PROFILES[args.profile]
+    return doc | {"kv_cache_tokens": args.kv_cache_tokens, "time_scale": args.time_scale,
+                  "step_s": profile.step_s, "seq_s": profile.seq_s, "kv_token_s": profile.kv_token_s,
+                  "prefill_token_s": profile.prefill_token_s,
+                  "max_num_batched_tokens": profile.max_num_batched_tokens, "source": profile.source}
 
 
 # --- one run ---------------------------------------------------------------------------
@@ -150,7 +199,17 @@ async def _sample_busy(session: Any, engines: list[str], out: list[list[bool]]) 
         await asyncio.sleep(SAMPLE_S)
 
 
-async def _run(system: str, url: str, engines: list[str], work: rollout.Workload) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (``/proc/<pid>/stat``
+    fields 14 and 15; 0.0 where there is no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _run(system: str, url: str, engines: list[str], pids: list[int], work: rollout.Workload) -> dict[str, Any]:
     """Sends the whole step at once; returns the run's measures."""
     import aiohttp
 
@@ -185,6 +244,7 @@ async def _run(system: str, url: str, engines: list[str], work: rollout.Workload
         preempted = await _preemptions(session, engines)
         busy: list[list[bool]] = []
         sampler = asyncio.ensure_future(_sample_busy(session, engines, busy))
+        cpu = sum(map(_cpu_s, pids))
         start = time.perf_counter()
         try:
             await asyncio.gather(
@@ -194,6 +254,7 @@ async def _run(system: str, url: str, engines: list[str], work: rollout.Workload
             )
         finally:
             makespan = time.perf_counter() - start
+            cpu = sum(map(_cpu_s, pids)) - cpu
             sampler.cancel()
         after = await _preemptions(session, engines)
         stats = [json.loads((await _get(session, e + "/sim/stats"))[1]) for e in engines]
@@ -213,6 +274,9 @@ async def _run(system: str, url: str, engines: list[str], work: rollout.Workload
         "preemptions": None if preempted is None or after is None else after - preempted,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
         "busy_fraction": sum(map(sum, busy)) / (len(busy) * len(engines)) if busy else None,
+        # The engines' own CPU over the step (all of them): the step loop's
+        # work, which the modelled step times do not include.
+        "engines_cpu_s": cpu,
         "requests_per_engine": [int(s["by_path"].get("/v1/completions", 0)) for s in stats],
     }
 
@@ -238,6 +302,7 @@ def _summarise(rows: list[dict[str, Any]], bound: float) -> dict[str, Any]:
         "errors": sum(r["errors"] for r in rows),
         "prefix_hit_rate": round(_median(rows, "prefix_hit_rate"), 3),
         "busy_fraction": _median(rows, "busy_fraction"),
+        "engines_cpu_s": round(_median(rows, "engines_cpu_s"), 2),
         "makespans_s": [round(r["makespan_s"], 3) for r in rows],
     }
 
@@ -263,7 +328,7 @@ def format_table(doc: dict[str, Any]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="4 engines, 12 groups x 8, 8 sessions x 3 (<= 3 min)")
+    p.add_argument("--quick", action="store_true", help="4 engines, 12 groups x 8, 6 sessions x 3, outputs to 1,024 (<= 3 min)")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=32)
@@ -275,15 +340,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--median-output", type=int, default=300)
     p.add_argument("--max-output", type=int, default=4096)
-    p.add_argument("--decode-ms", type=float, default=0.5, help="a decode step (ms)")
-    p.add_argument("--prefill-ms", type=float, default=0.02, help="a prompt token's prefill (ms)")
-    p.add_argument("--cache-tokens", type=int, default=16384, help="each engine's prefix cache (tokens)")
+    p.add_argument("--profile", default="h100-llama3-8b",
+                   help="the engines' sim-engine --profile, or 'flat' for per-token times")
+    p.add_argument("--kv-cache-tokens", type=int, default=32768, help="each engine's KV budget (tokens)")
+    p.add_argument("--time-scale", type=float, default=0.1, help="wall seconds per modelled second")
+    p.add_argument("--decode-ms", type=float, default=0.5, help="flat: a decode step (ms)")
+    p.add_argument("--prefill-ms", type=float, default=0.02, help="flat: a prompt token's prefill (ms)")
+    p.add_argument("--cache-tokens", type=int, default=16384, help="flat: each engine's prefix cache (tokens)")
     p.add_argument("--output", type=Path, default=RESULTS / "rollout_makespan.json")
     return p
 
 
-QUICK = {"engines": 4, "slots": 8, "groups": 12, "samples": 8, "sessions": 8, "turns": 3,
-         "median_output": 200, "max_output": 2048}
+QUICK = {"engines": 4, "slots": 64, "groups": 12, "samples": 8, "sessions": 6, "turns": 3,
+         "median_output": 150, "max_output": 1024, "kv_cache_tokens": 8192, "time_scale": 0.3}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -296,8 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 setattr(args, key, value)
     work = rollout.draw(args.seed, args.groups, args.samples, args.sessions, args.turns,
                         args.median_output, max_output=args.max_output)
-    timing = rollout.FlatTiming(args.prefill_ms, args.decode_ms, args.slots)
-    bound = rollout.lower_bound(work, timing, args.engines)
+    bound = _bound(work, args)
     systems = [s for s in args.systems.split(",") if s]
     skipped = {s: "not installed (pip install -e '.[bench]')" for s in systems if _installed(s) is None}
     systems = [s for s in systems if s not in skipped]
@@ -305,6 +373,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     started: dict[str, dict[str, Any]] = {}
     took = time.perf_counter()
+    load = round(os.getloadavg()[0], 2)
     try:
         engines = []
         for _ in range(args.engines):
@@ -313,28 +382,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             engines.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(engines, procs, strict=True):
             targets.wait_health(url, proc)
-        for system in systems:
-            url, shown = _start(system, engines, args.slots, procs)
+        pids = [proc.pid for proc in procs]
+        spawned = {system: _spawn(system, engines, args.slots, procs) for system in systems}
+        for system, (url, shown, proc) in spawned.items():
+            _ready(system, url, proc)
             started[system] = {"url": url, "argv": shown, "version": _installed(system)}
         for r in range(args.repeats):
             order = systems[r % len(systems):] + systems[:r % len(systems)]
             for system in order:
-                row = asyncio.run(_run(system, started[system]["url"], engines, work))
+                row = asyncio.run(_run(system, started[system]["url"], engines, pids, work))
                 row["repeat"] = r
                 runs.append(row)
                 print(f"  {system} #{r}: {row['makespan_s']:.2f} s, {row['errors']} errors", flush=True)
     finally:
-        for proc in reversed(procs):
-            targets.stop(proc)
+        _stop_all(procs)
     doc: dict[str, Any] = {
         "benchmark": "rollout_makespan",
         "argv": list(argv if argv is not None else sys.argv[1:]),
         "seconds": round(time.perf_counter() - took, 1),
+        # The machine's load average (1 min) when the runs started and ended:
+        # the engines' step loops share its cores with everything else.
+        "load_average": [load, round(os.getloadavg()[0], 2)],
         "lower_bound_s": round(bound["lower_bound_s"], 3),
         "lower_bound": {k: round(v, 3) for k, v in bound.items()},
-        "engine": {"engines": args.engines, "max_num_seqs": args.slots, "decode_ms": args.decode_ms,
-                   "prefill_ms_per_token": args.prefill_ms, "prefix_cache_tokens": args.cache_tokens,
-                   "model": "flat (the sim's timing today: a step costs decode_ms whatever the batch)"},
+        "engine": _engine_doc(args),
         "systems": {s: _summarise([r for r in runs if r["system"] == s], bound["lower_bound_s"])
                     for s in systems},
         "skipped": skipped,

@@ -42,12 +42,33 @@ def test_lower_bound_is_the_larger_of_work_and_longest_chain() -> None:
     assert two["lower_bound_s"] == two["chain_s"] == bound["chain_s"]
 
 
+def test_model_bound_adds_up_the_engine_models_step_costs() -> None:
+    from trioforward.sim._physics import EngineProfile
+
+    profile = EngineProfile("t", step_s=1.0, seq_s=0.1, kv_token_s=0.001, prefill_token_s=0.01,
+                            max_num_batched_tokens=100)
+    work = rollout.draw(3, groups=1, samples=1, sessions=0, turns=0, system_tokens=10)
+    prompt, output = len(work.group_prompts[0]), work.group_outputs[0][0]
+    # alone: the prompt in chunks of 100 (one step each), then a token a step,
+    # each reading the prompt and the tokens before it
+    chunks = -(-prompt // 100)
+    alone = (chunks * 1.0 + prompt * 0.01 + (output - 1) * 1.1
+             + 0.001 * ((output - 1) * prompt + output * (output - 1) // 2))
+    bound = rollout.model_lower_bound(work, profile, engines=1, max_num_seqs=8, kv_cache_tokens=0)
+    assert bound["chain_s"] == pytest.approx(alone)
+    # a KV budget smaller than the context a token reads forces more steps
+    tight = rollout.model_lower_bound(work, profile, engines=1, max_num_seqs=8, kv_cache_tokens=prompt // 2)
+    assert tight["work_s"] > bound["work_s"]
+    assert rollout.model_lower_bound(work, profile, 1, 8, 0, time_scale=0.5)["chain_s"] == pytest.approx(alone / 2)
+
+
 def test_tiny_run_through_trioforward_writes_every_measure(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     doc = bench.main(
         ["--systems", "trioforward:least-outstanding,trioforward:prefix", "--engines", "2", "--slots", "4",
          "--groups", "2", "--samples", "3", "--sessions", "2", "--turns", "2", "--median-output", "16",
-         "--max-output", "64", "--decode-ms", "0.5", "--repeats", "2", "--output", str(out)]
+         "--max-output", "64", "--kv-cache-tokens", "2048", "--time-scale", "0.05", "--repeats", "2",
+         "--output", str(out)]
     )
     assert json.loads(out.read_text())["systems"] == doc["systems"]
     assert doc["lower_bound_s"] > 0 and doc["workload"]["requests"] == 2 * 3 + 2 * 2
@@ -57,9 +78,10 @@ def test_tiny_run_through_trioforward_writes_every_measure(tmp_path: Path) -> No
         assert {"makespan_s", "tokens_per_s", "preemptions", "p50_ms", "p99_ms", "prefix_hit_rate",
                 "busy_fraction", "vs_lower_bound"} <= set(system)
         assert len(system["makespans_s"]) == 2
+        assert system["preemptions"] is not None  # read from every engine's /metrics
     # every run: each request reached an engine once, and every output token came back
     assert len(doc["runs"]) == 4 and {r["repeat"] for r in doc["runs"]} == {0, 1}
     for run in doc["runs"]:
-        assert sum(run["requests_per_engine"]) == 10
+        assert sum(run["requests_per_engine"]) == 10 and isinstance(run["preemptions"], int)
         assert run["output_tokens"] == doc["workload"]["output_tokens"]
     assert "| trioforward:prefix |" in bench.format_table(doc)
