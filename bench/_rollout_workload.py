@@ -198,9 +198,10 @@ def model_lower_bound(work: Workload, profile: Any, engines: int, max_num_seqs: 
     longest = 0.0
     previous: dict[int, int] = {}
     for session, prompt, output in _requests(work):
-        tokens += output
-        # decoded token i (0-based) reads prompt + i tokens of KV
-        context += output * prompt + output * (output - 1) // 2
+        # the first token comes from the prefill's step; decoded token i >= 1
+        # takes a step of its own reading prompt + i tokens of KV
+        tokens += output - 1
+        context += (output - 1) * prompt + output * (output - 1) // 2
         new = prompt - previous.get(session, 0) if session >= 0 else prompt
         chunks = -(-new // profile.max_num_batched_tokens)
         alone = (chunks * profile.step_s + new * profile.prefill_token_s

@@ -3,10 +3,11 @@
 One RL step as a trainer sends it — GRPO prompt groups (a group's samples share
 their prompt) and multi-turn agent sessions, long-tailed output lengths, all
 submitted at once — through each system in turn, in front of the same
-simulated engines (``trioforward sim-engine`` on 127.0.0.1), each engine's
-prefix cache and counters reset before every run. Systems: ``trioforward
-serve`` with each ``routing`` (told the engines' ``max_num_seqs`` as
-``engine_capacity``; ``session`` gets the group or session id as
+simulated engines (``trioforward sim-engine`` on 127.0.0.1 with the engine
+model: ``--profile h100-llama3-8b``, a KV budget that binds, ``--time-scale``),
+each engine's prefix cache and counters reset before every run. Systems:
+``trioforward serve`` with each ``routing`` (told the engines' ``max_num_seqs``
+as ``engine_capacity``; ``session`` gets the group or session id as
 ``X-Session-ID``), and smg, sglang-router and vllm-router (PyPI, Rust) in
 their cache-aware and least-loaded policies (``least_load`` for smg,
 ``power_of_two`` for the other two), other knobs at their defaults but a queue
@@ -15,16 +16,18 @@ order) and the table gives medians.
 
 Measures per system: ``makespan_s`` (first request sent to last answer),
 ``tokens_per_s`` (output tokens over the makespan), p50/p99 request latency,
-``preemptions`` (from each engine's ``/metrics``, ``vllm:num_preemptions_total``;
-``null`` while the sim serves none), ``prefix_hit_rate`` (prompt tokens found
-in the engines' prefix caches over all prompt tokens, ``/sim/stats``),
-``busy_fraction`` (the share of 50 ms samples of ``/sim/stats`` in which an
-engine ran a request, averaged over engines) and ``vs_lower_bound``, the
-makespan over ``lower_bound_s``: the larger of the whole work at the fleet's
-best throughput (every slot busy, each distinct prefix computed once) and the
-longest chain alone (a request, or a session's turns back to back). See
-docs/performance.md, "Rollout makespan: engine timing and workload", for the engine timing and the
-workload drawn.
+``preemptions`` (the engines' ``vllm:num_preemptions_total`` on ``/metrics``,
+summed), ``prefix_hit_rate`` (prompt tokens found in the engines' prefix
+caches over all prompt tokens looked up, ``/sim/stats``; as vLLM's
+``prefix_cache_hits`` / ``queries``, a preempted sequence's recompute counts
+too), ``busy_fraction`` (the share of 100 ms samples of ``/metrics`` in which
+an engine ran a sequence, averaged over engines), ``engines_cpu_s`` (the
+engines' own CPU over the step) and ``vs_lower_bound``, the makespan over
+``lower_bound_s``: the larger of the whole work at the fleet's best
+throughput (the model's step costs summed, each distinct prefix computed
+once) and the longest chain alone at batch 1 (a request, or a session's turns
+back to back). See docs/performance.md, "Rollout makespan: engine timing and
+workload", for the numbers and how to read them.
 
     python bench/rollout_makespan.py --quick     # <= 3 minutes here
     python bench/rollout_makespan.py             # 8 engines, a larger step
@@ -67,7 +70,8 @@ SYSTEMS = (
 MODULES = {"smg": "smg", "sglang-router": "sglang_router", "vllm-router": "vllm_router.launch_router"}
 PACKAGES = {"trioforward": "trioforward", "smg": "smg", "sglang-router": "sglang-router",
             "vllm-router": "vllm-router"}
-SAMPLE_S = 0.05
+SAMPLE_S = 0.1
+RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.M)
 PREEMPTIONS = re.compile(r"^vllm:num_preemptions_total(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.M)
 
 
@@ -191,10 +195,14 @@ async def _preemptions(session: Any, engines: list[str]) -> int | None:
 
 
 async def _sample_busy(session: Any, engines: list[str], out: list[list[bool]]) -> None:
+    """Every :data:`SAMPLE_S`, whether each engine runs a sequence
+    (``vllm:num_requests_running`` > 0 on ``/metrics``: a few hundred bytes,
+    where ``/sim/stats`` serializes every counter)."""
     while True:
         row = []
         for url in engines:
-            row.append(json.loads((await _get(session, url + "/sim/stats"))[1])["running"] > 0)
+            found = RUNNING.search((await _get(session, url + "/metrics"))[1])
+            row.append(found is not None and float(found.group(1)) > 0)
         out.append(row)
         await asyncio.sleep(SAMPLE_S)
 
