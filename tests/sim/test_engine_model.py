@@ -216,3 +216,19 @@ def test_cli_flags_and_their_errors() -> None:
     bad = runner.invoke(sim_engine, ["--port", "0", "--profile", "nope"])
     assert bad.exit_code == 2 and "vllm-cpu-tiny" in bad.output
     assert set(PROFILES) >= {"vllm-cpu-tiny", "h100-llama3-8b"}
+
+
+async def test_sglang_generate_runs_in_the_engine_models_steps(autojump_clock: trio.abc.Clock) -> None:
+    async with open_engine(kind="sglang", profile=LINEAR, kv_cache_tokens=12 * 16, keep_alive=None) as engine:
+        replies = []
+
+        async def one(i: int) -> None:
+            body = {"input_ids": prompt(i * 40, 16), "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}}
+            replies.append(await request(engine, "POST", "/generate", body))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(one, i)
+        assert [len(r.json()["output_ids"]) for r in replies] == [48] * 4
+        assert engine.stats.preemptions > 0 and engine.stats.tokens_decoded >= 4 * 48
+        assert engine.scheduler is not None and engine.scheduler.kv.private == 0 and engine.stats.running == 0
