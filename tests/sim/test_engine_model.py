@@ -155,6 +155,8 @@ async def test_64_running_decode_each_token_slower_than_1_by_the_profiles_factor
         one = await batch(engine, 1)
         sixty_four = await batch(engine, 64)
         assert engine.stats.tokens_decoded == 65 * tokens
+        assert engine.stats.steps == 2 * tokens
+        assert engine.stats.busy_seconds == pytest.approx(one + sixty_four)
     # the first step prefills and samples (batch 0 decoding: step_s), then 32 decode steps
     assert one == pytest.approx(0.010 + 32 * 0.011, rel=1e-6)
     assert sixty_four == pytest.approx(0.010 + 32 * (0.010 + 64 * 0.001), rel=1e-6)
