@@ -155,6 +155,8 @@ async def test_64_running_decode_each_token_slower_than_1_by_the_profiles_factor
         one = await batch(engine, 1)
         sixty_four = await batch(engine, 64)
         assert engine.stats.tokens_decoded == 65 * tokens
+        assert engine.stats.steps == 2 * tokens
+        assert engine.stats.busy_seconds == pytest.approx(one + sixty_four)
     # the first step prefills and samples (batch 0 decoding: step_s), then 32 decode steps
     assert one == pytest.approx(0.010 + 32 * 0.011, rel=1e-6)
     assert sixty_four == pytest.approx(0.010 + 32 * (0.010 + 64 * 0.001), rel=1e-6)
@@ -216,3 +218,19 @@ def test_cli_flags_and_their_errors() -> None:
     bad = runner.invoke(sim_engine, ["--port", "0", "--profile", "nope"])
     assert bad.exit_code == 2 and "vllm-cpu-tiny" in bad.output
     assert set(PROFILES) >= {"vllm-cpu-tiny", "h100-llama3-8b"}
+
+
+async def test_sglang_generate_runs_in_the_engine_models_steps(autojump_clock: trio.abc.Clock) -> None:
+    async with open_engine(kind="sglang", profile=LINEAR, kv_cache_tokens=12 * 16, keep_alive=None) as engine:
+        replies = []
+
+        async def one(i: int) -> None:
+            body = {"input_ids": prompt(i * 40, 16), "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}}
+            replies.append(await request(engine, "POST", "/generate", body))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(one, i)
+        assert [len(r.json()["output_ids"]) for r in replies] == [48] * 4
+        assert engine.stats.preemptions > 0 and engine.stats.tokens_decoded >= 4 * 48
+        assert engine.scheduler is not None and engine.scheduler.kv.private == 0 and engine.stats.running == 0

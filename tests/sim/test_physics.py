@@ -42,3 +42,26 @@ def test_a_profile_refuses_negative_coefficients_and_empty_blocks() -> None:
         EngineProfile("bad", step_s=-1.0, seq_s=0.0, kv_token_s=0.0, prefill_token_s=0.0)
     with pytest.raises(ValueError, match="block_size"):
         EngineProfile("bad", step_s=0.0, seq_s=0.0, kv_token_s=0.0, prefill_token_s=0.0, block_size=0)
+
+
+def test_alone_seconds_is_what_the_scheduler_takes_for_one_sequence() -> None:
+    from types import SimpleNamespace
+
+    import trio
+
+    from trioforward.sim._scheduler import Scheduler
+    from trioforward.sim._stats import EngineStats
+
+    p = EngineProfile("p", 0.01, 0.001, 1e-6, 1e-5, max_num_batched_tokens=256)
+    s = Scheduler(
+        p, stats=EngineStats(), rl=SimpleNamespace(frozen=False), cache=None,  # type: ignore[arg-type]
+        max_num_seqs=0, kv_cache_tokens=0, time_scale=1.0, stall=lambda: (1.0, 0.0), changed=trio.Event,
+    )  # fmt: skip
+    s.submit("m", [list(range(600))], [[1] * 50])
+    total = 0.0
+    while s.running or s.waiting:
+        seconds, plan = s._schedule()
+        s._advance(plan)
+        total += seconds
+    assert total == pytest.approx(p.alone_seconds(600, 50))
+    assert p.decode_tokens_per_second(64, 100) > p.decode_tokens_per_second(1, 100)

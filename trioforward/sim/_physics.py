@@ -73,6 +73,27 @@ class EngineProfile:
             + self.prefill_token_s * prefill_tokens
         )
 
+    def alone_seconds(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Seconds one sequence takes on an otherwise idle engine: its prompt in
+        chunks of ``max_num_batched_tokens`` (the last chunk's step samples the
+        first token), then one decode step per further token, its KV growing
+        (a lower bound on its latency anywhere)."""
+        chunk, seconds, done = self.max_num_batched_tokens, 0.0, 0
+        while done < prompt_tokens:
+            step = min(chunk, prompt_tokens - done)
+            seconds += self.step_seconds(0, done, step)
+            done += step
+        decodes = max(0, output_tokens - 1)
+        # sum over k < decodes of step_seconds(1, prompt + k, 0), in closed form
+        # (the scheduler charges the KV held when the step starts)
+        kv = decodes * prompt_tokens + decodes * (decodes - 1) / 2
+        return seconds + decodes * (self.step_s + self.seq_s) + self.kv_token_s * kv
+
+    def decode_tokens_per_second(self, batch: int, context: int) -> float:
+        """Tokens per second ``batch`` decoding sequences of ``context`` tokens
+        each make together (the engine's throughput at that load)."""
+        return batch / self.step_seconds(batch, batch * context, 0)
+
     def decode_factor(self, batch: int, context: int) -> float:
         """How much slower each decoded token is at ``batch`` running sequences
         of ``context`` tokens than one such sequence alone (≥ 1)."""

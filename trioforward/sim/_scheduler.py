@@ -175,6 +175,8 @@ class Scheduler:
             seconds, progress = self._schedule()
             self.steps += 1
             self.busy_seconds += seconds
+            self.stats.steps += 1
+            self.stats.busy_seconds += seconds
             if seconds > 0:
                 await trio.sleep(seconds * self.time_scale * slowdown)
             else:

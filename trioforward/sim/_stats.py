@@ -55,7 +55,9 @@ class EngineStats:
       order (the last 4096): what vLLM takes as its request id.
     - engine model (a profile; docs/sim.md, "Engine model"): ``preemptions``:
       sequences preempted by recompute (``vllm:num_preemptions_total``);
-      ``kv_too_small``: sequences ended because alone they outgrew the KV budget.
+      ``kv_too_small``: sequences ended because alone they outgrew the KV budget;
+      ``steps`` / ``busy_seconds``: scheduler steps run and their modelled time
+      (seconds before ``time_scale``: busy fraction = busy_seconds × time_scale / wall).
       With a profile ``running`` / ``queued`` count sequences (each of ``n``
       choices), as vLLM v1's ``num_requests_running`` / ``_waiting`` do.
     - ``rejected``: answers injected by the ``reject`` fault;
@@ -95,6 +97,8 @@ class EngineStats:
         self.tokens_decoded = 0
         self.preemptions = 0
         self.kv_too_small = 0
+        self.steps = 0
+        self.busy_seconds = 0.0
         self.rejected = 0
         self.traceparents: list[str] = []
         self.faults: Counter[str] = Counter()
