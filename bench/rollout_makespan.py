@@ -22,7 +22,9 @@ caches over all prompt tokens looked up, ``/sim/stats``; as vLLM's
 ``prefix_cache_hits`` / ``queries``, a preempted sequence's recompute counts
 too), ``busy_fraction`` (the share of 100 ms samples of ``/metrics`` in which
 an engine ran a sequence, averaged over engines), ``engines_cpu_s`` (the
-engines' own CPU over the step) and ``vs_lower_bound``, the makespan over
+engines' own CPU over the step), ``model_share`` (the busiest engine's
+modelled step time, ``busy_seconds`` × ``--time-scale``, over the makespan:
+below 1 the machine, not the model, stretched the step) and ``vs_lower_bound``, the makespan over
 ``lower_bound_s``: the larger of the whole work at the fleet's best
 throughput (the model's step costs summed, each distinct prefix computed
 once) and the longest chain alone at batch 1 (a request, or a session's turns
@@ -217,7 +219,8 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _run(system: str, url: str, engines: list[str], pids: list[int], work: rollout.Workload) -> dict[str, Any]:
+async def _run(system: str, url: str, engines: list[str], pids: list[int], work: rollout.Workload,
+               time_scale: float) -> dict[str, Any]:
     """Sends the whole step at once; returns the run's measures."""
     import aiohttp
 
@@ -282,6 +285,10 @@ async def _run(system: str, url: str, engines: list[str], pids: list[int], work:
         "preemptions": None if preempted is None or after is None else after - preempted,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
         "busy_fraction": sum(map(sum, busy)) / (len(busy) * len(engines)) if busy else None,
+        # The engines' modelled step time (before --time-scale; the sim's
+        # busy_seconds), scaled to wall seconds: the makespan if the machine
+        # added nothing and the busiest engine never idled.
+        "model_busy_s": [float(s["busy_seconds"]) * time_scale for s in stats] if "busy_seconds" in stats[0] else None,
         # The engines' own CPU over the step (all of them): the step loop's
         # work, which the modelled step times do not include.
         "engines_cpu_s": cpu,
@@ -311,6 +318,10 @@ def _summarise(rows: list[dict[str, Any]], bound: float) -> dict[str, Any]:
         "prefix_hit_rate": round(_median(rows, "prefix_hit_rate"), 3),
         "busy_fraction": _median(rows, "busy_fraction"),
         "engines_cpu_s": round(_median(rows, "engines_cpu_s"), 2),
+        # the busiest engine's modelled time over the makespan: 1.0 when the
+        # step loop ran as the model says, lower when the machine slowed it
+        "model_share": _median([{"v": max(r["model_busy_s"]) / r["makespan_s"] if r["model_busy_s"] else None}
+                                for r in rows], "v"),
         "makespans_s": [round(r["makespan_s"], 3) for r in rows],
     }
 
@@ -318,10 +329,11 @@ def _summarise(rows: list[dict[str, Any]], bound: float) -> dict[str, Any]:
 def format_table(doc: dict[str, Any]) -> str:
     """Markdown: one row per system (medians), the lower bound first."""
     bound = doc["lower_bound"]
-    lines = ["| system | makespan s | x bound | tokens/s | p50 ms | p99 ms | preemptions | prefix hits | busy | errors |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    lines = ["| system | makespan s | x bound | tokens/s | p50 ms | p99 ms | preemptions | prefix hits | busy "
+             "| model share | errors |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
              f"| lower bound (work {bound['work_s']:.2f} s, longest chain {bound['chain_s']:.2f} s) | "
-             f"{doc['lower_bound_s']:.2f} | 1.00 | | | | | | | |"]
+             f"{doc['lower_bound_s']:.2f} | 1.00 | | | | | | | | |"]
 
     def fmt(v: Any, spec: str) -> str:
         return "-" if v is None else format(v, spec)
@@ -330,7 +342,8 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {s['makespan_s']:.2f} | {s['vs_lower_bound']:.2f} | {s['tokens_per_s']:,.0f} | "
             f"{fmt(s['p50_ms'], ',.0f')} | {fmt(s['p99_ms'], ',.0f')} | {fmt(s['preemptions'], ',.0f')} | "
-            f"{s['prefix_hit_rate']:.0%} | {fmt(s['busy_fraction'], '.0%')} | {s['errors']} |")
+            f"{s['prefix_hit_rate']:.0%} | {fmt(s['busy_fraction'], '.0%')} | {fmt(s['model_share'], '.0%')} | "
+            f"{s['errors']} |")
     return "\n".join(lines)
 
 
@@ -398,7 +411,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in range(args.repeats):
             order = systems[r % len(systems):] + systems[:r % len(systems)]
             for system in order:
-                row = asyncio.run(_run(system, started[system]["url"], engines, pids, work))
+                scale = args.time_scale if args.profile != "flat" else 1.0
+                row = asyncio.run(_run(system, started[system]["url"], engines, pids, work, scale))
                 row["repeat"] = r
                 runs.append(row)
                 print(f"  {system} #{r}: {row['makespan_s']:.2f} s, {row['errors']} errors", flush=True)

@@ -79,6 +79,7 @@ def test_tiny_run_through_trioforward_writes_every_measure(tmp_path: Path) -> No
                 "busy_fraction", "vs_lower_bound"} <= set(system)
         assert len(system["makespans_s"]) == 2
         assert system["preemptions"] is not None  # read from every engine's /metrics
+        assert 0 < system["model_share"]  # the engines' modelled step time came back
     # every run: each request reached an engine once, and every output token came back
     assert len(doc["runs"]) == 4 and {r["repeat"] for r in doc["runs"]} == {0, 1}
     for run in doc["runs"]:
