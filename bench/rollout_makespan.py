@@ -34,7 +34,7 @@ back to back). See docs/performance.md, "Rollout makespan: engine timing and
 workload", for the numbers and how to read them.
 
     python bench/rollout_makespan.py --quick     # <= 3 minutes here
-    python bench/rollout_makespan.py             # 8 engines, a larger step
+    python bench/rollout_makespan.py             # 8 engines, 32 groups x 8, 16 sessions x 4, outputs to 4,096
 
 Writes ``bench/results/rollout_makespan.json`` and prints a table.
 """
@@ -222,7 +222,7 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _run(system: str, url: str, engines: list[str], pids: list[int], work: rollout.Workload,
-               time_scale: float) -> dict[str, Any]:
+               time_scale: float | None) -> dict[str, Any]:
     """Sends the whole step at once; returns the run's measures."""
     import aiohttp
 
@@ -290,7 +290,8 @@ async def _run(system: str, url: str, engines: list[str], pids: list[int], work:
         # The engines' modelled step time (before --time-scale; the sim's
         # busy_seconds), scaled to wall seconds: the makespan if the machine
         # added nothing and the busiest engine never idled.
-        "model_busy_s": [float(s["busy_seconds"]) * time_scale for s in stats] if "busy_seconds" in stats[0] else None,
+        # (None for flat timing, which has no steps.)
+        "model_busy_s": None if time_scale is None else [float(s["busy_seconds"]) * time_scale for s in stats],
         # The engines' own CPU over the step (all of them): the step loop's
         # work, which the modelled step times do not include.
         "engines_cpu_s": cpu,
@@ -358,12 +359,12 @@ def format_table(doc: dict[str, Any]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="4 engines, 12 groups x 8, 6 sessions x 3, outputs to 1,024 (<= 3 min)")
+    p.add_argument("--quick", action="store_true", help="4 engines, 12 groups x 8, 6 sessions x 3, outputs to 1,024 (sized for about 3 minutes)")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=32)
     p.add_argument("--engines", type=int, default=8)
-    p.add_argument("--slots", type=int, default=16, help="each engine's max_num_seqs")
+    p.add_argument("--slots", type=int, default=64, help="each engine's max_num_seqs")
     p.add_argument("--groups", type=int, default=32)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--sessions", type=int, default=16)
@@ -372,8 +373,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output", type=int, default=4096)
     p.add_argument("--profile", default="h100-llama3-8b",
                    help="the engines' sim-engine --profile, or 'flat' for per-token times")
-    p.add_argument("--kv-cache-tokens", type=int, default=32768, help="each engine's KV budget (tokens)")
-    p.add_argument("--time-scale", type=float, default=0.1, help="wall seconds per modelled second")
+    p.add_argument("--kv-cache-tokens", type=int, default=16384, help="each engine's KV budget (tokens)")
+    p.add_argument("--time-scale", type=float, default=0.3, help="wall seconds per modelled second")
     p.add_argument("--decode-ms", type=float, default=0.5, help="flat: a decode step (ms)")
     p.add_argument("--prefill-ms", type=float, default=0.02, help="flat: a prompt token's prefill (ms)")
     p.add_argument("--cache-tokens", type=int, default=16384, help="flat: each engine's prefix cache (tokens)")
@@ -420,7 +421,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in range(args.repeats):
             order = systems[r % len(systems):] + systems[:r % len(systems)]
             for system in order:
-                scale = args.time_scale if args.profile != "flat" else 1.0
+                scale = args.time_scale if args.profile != "flat" else None
                 row = asyncio.run(_run(system, started[system]["url"], engines, pids, work, scale))
                 row["repeat"] = r
                 runs.append(row)
