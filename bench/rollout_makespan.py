@@ -43,104 +43,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 try:  # `python bench/rollout_makespan.py`, or bench/ on sys.path (bench/run_all.py)
+    import _rollout_systems as systems
     import _rollout_workload as rollout
     import _targets as targets
 except ImportError:  # `python -m bench.rollout_makespan`
+    from bench import _rollout_systems as systems  # type: ignore[no-redef]
     from bench import _rollout_workload as rollout  # type: ignore[no-redef]
     from bench import _targets as targets  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 CLI = targets.CLI
-SYSTEMS = (
-    "trioforward:least-outstanding", "trioforward:round-robin", "trioforward:session", "trioforward:prefix",
-    "smg:cache_aware", "smg:least_load", "sglang-router:cache_aware", "sglang-router:power_of_two",
-    "vllm-router:cache_aware", "vllm-router:power_of_two",
-)
-# How each Rust router is started (by module: two wheels install an `smg` script).
-MODULES = {"smg": "smg", "sglang-router": "sglang_router", "vllm-router": "vllm_router.launch_router"}
-PACKAGES = {"trioforward": "trioforward", "smg": "smg", "sglang-router": "sglang-router",
-            "vllm-router": "vllm-router"}
 SAMPLE_S = 0.1
 RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.M)
 PREEMPTIONS = re.compile(r"^vllm:num_preemptions_total(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.M)
-
-
-# --- systems --------------------------------------------------------------------------
-
-
-def _argv(system: str, port: int, engines: list[str], slots: int) -> list[str]:
-    kind, _, policy = system.partition(":")
-    py = sys.executable
-    if kind == "trioforward":
-        args = [py, "-c", CLI, "serve", "--host", "127.0.0.1", "--port", str(port), "--routing", policy,
-                "--engine-capacity", str(slots), "--no-access-log", "--log-level", "warning"]
-        for url in engines:
-            args += ["--engine", url]
-        return args
-    launch = [] if kind == "vllm-router" else ["launch"]
-    args = [py, "-m", MODULES[kind], *launch, "--host", "127.0.0.1", "--port", str(port),
-            "--worker-urls", *engines, "--policy", policy, "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(targets.free_port("127.0.0.1"))]
-    # A queue that holds the whole step: the defaults (smg's 100) would refuse it.
-    args += ["--queue-size", "65536"]
-    args += ["--log-level", "warning" if kind == "vllm-router" else "warn"]
-    return args
-
-
-def _installed(system: str) -> str | None:
-    """The package's version, or None when it is not installed."""
-    kind = system.partition(":")[0]
-    module = MODULES.get(kind, "trioforward").split(".")[0]
-    if importlib.util.find_spec(module) is None:
-        return None
-    return metadata.version(PACKAGES[kind])
-
-
-def _spawn(system: str, engines: list[str], slots: int, procs: list[Any]) -> tuple[str, list[str], Any]:
-    port = targets.free_port("127.0.0.1")
-    args = _argv(system, port, engines, slots)
-    proc = targets.spawn(args)
-    procs.append(proc)
-    return f"http://127.0.0.1:{port}", ["python" if a == sys.executable else a for a in args], proc
-
-
-def _ready(system: str, url: str, proc: Any) -> None:
-    """Returns once a completion went through ``url`` (the Rust routers answer
-    ``/health`` before their engines are registered)."""
-    targets.wait_health(url, proc, timeout=120)
-    deadline = time.monotonic() + 120
-    while targets.post_json(url + "/v1/completions", targets.READY_BODY, timeout=5)[0] != 200:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{system} answered no completion")
-        time.sleep(0.2)
-
-
-def _stop_all(procs: list[Any]) -> None:
-    """SIGTERM to every process at once, then SIGKILL to those still up after 10 s."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    deadline = time.monotonic() + 10
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _engine_argv(port: int, args: Any) -> list[str]:
@@ -360,7 +286,7 @@ def format_table(doc: dict[str, Any]) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="4 engines, 12 groups x 8, 6 sessions x 3, outputs to 1,024 (sized for about 3 minutes)")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--systems", default=",".join(systems.SYSTEMS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=32)
     p.add_argument("--engines", type=int, default=8)
@@ -397,9 +323,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     work = rollout.draw(args.seed, args.groups, args.samples, args.sessions, args.turns,
                         args.median_output, max_output=args.max_output)
     bound = _bound(work, args)
-    systems = [s for s in args.systems.split(",") if s]
-    skipped = {s: "not installed (pip install -e '.[bench]')" for s in systems if _installed(s) is None}
-    systems = [s for s in systems if s not in skipped]
+    chosen = [s for s in args.systems.split(",") if s]
+    skipped = {s: "not installed (pip install -e '.[bench]')" for s in chosen if systems.installed(s) is None}
+    chosen = [s for s in chosen if s not in skipped]
     procs: list[Any] = []
     runs: list[dict[str, Any]] = []
     started: dict[str, dict[str, Any]] = {}
@@ -414,12 +340,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for url, proc in zip(engines, procs, strict=True):
             targets.wait_health(url, proc)
         pids = [proc.pid for proc in procs]
-        spawned = {system: _spawn(system, engines, args.slots, procs) for system in systems}
+        spawned = {system: systems.spawn(system, engines, args.slots, procs) for system in chosen}
         for system, (url, shown, proc) in spawned.items():
-            _ready(system, url, proc)
-            started[system] = {"url": url, "argv": shown, "version": _installed(system)}
+            systems.ready(system, url, proc)
+            started[system] = {"url": url, "argv": shown, "version": systems.installed(system)}
         for r in range(args.repeats):
-            order = systems[r % len(systems):] + systems[:r % len(systems)]
+            order = chosen[r % len(chosen):] + chosen[:r % len(chosen)]
             for system in order:
                 scale = args.time_scale if args.profile != "flat" else None
                 row = asyncio.run(_run(system, started[system]["url"], engines, pids, work, scale))
@@ -427,7 +353,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs.append(row)
                 print(f"  {system} #{r}: {row['makespan_s']:.2f} s, {row['errors']} errors", flush=True)
     finally:
-        _stop_all(procs)
+        systems.stop_all(procs)
     doc: dict[str, Any] = {
         "benchmark": "rollout_makespan",
         "argv": list(argv if argv is not None else sys.argv[1:]),
@@ -439,7 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "lower_bound": {k: round(v, 3) for k, v in bound.items()},
         "engine": _engine_doc(args),
         "systems": {s: _summarise([r for r in runs if r["system"] == s], bound["lower_bound_s"])
-                    for s in systems},
+                    for s in chosen},
         "skipped": skipped,
         "started": {s: {"argv": v["argv"], "version": v["version"]} for s, v in started.items()},
         "workload": work.describe(),
