@@ -69,10 +69,13 @@ BENCHMARKS = (
     Bench("tenant_fairness", "Tenants: a flood and a late tenant, weights 3:1, two fleet members", ()),
     Bench("fleet", "Fleet mode: state_url vs none, Redis vs memory futures, --workers 2 vs 1",
           ("--sizes", "64,1024,8192", "--requests", "4096", "--samples", "8192", "--failover-samples", "20000")),
+    Bench("rollout_makespan", "Rollout makespan: trioforward's routing modes vs smg, sglang-router and vllm-router, against the lower bound",
+          ("--quick",)),
 )
 
 PACKAGES = ("trio", "h11", "hypercorn", "quart", "quart-trio", "httpx", "aiohttp", "numpy",
-            "orjson", "prometheus-client", "openai", "tinker", "fastapi", "uvicorn", "smg", "sglang-router")
+            "orjson", "prometheus-client", "openai", "tinker", "fastapi", "uvicorn", "smg", "sglang-router",
+            "vllm-router")
 
 
 def describe_machine() -> dict[str, Any]:

@@ -8,6 +8,7 @@ import click
 import trio
 
 from trioforward.sim._open import open_engine
+from trioforward.sim._physics import PROFILES
 
 __all__ = ["sim_engine"]
 
@@ -31,11 +32,13 @@ _SECONDS = click.FloatRange(min=0)
 @click.option("--port", type=click.IntRange(0, 65535), required=True, metavar="PORT", help="Port to bind (0 = any free port; printed).")
 @click.option(
     "--capacity",
+    "--max-num-seqs",
+    "capacity",
     type=click.IntRange(min=0),
     default=256,
     show_default=True,
     metavar="REQUESTS",
-    help="Requests run at once (vLLM max_num_seqs); 0 = unlimited.",
+    help="Requests (with --profile: sequences) run at once (vLLM --max-num-seqs); 0 = unlimited.",
 )
 @click.option(
     "--prefill-ms-per-token",
@@ -140,6 +143,28 @@ _SECONDS = click.FloatRange(min=0)
     is_flag=True,
     help="A vLLM kind also serves POST /inference/v1/generate and /inference/v1/abort_requests (vLLM 0.32's flag).",
 )
+@click.option(
+    "--profile",
+    type=click.Choice(sorted(PROFILES)),
+    default=None,
+    help="Engine model: step time from batch and KV, chunked prefill, KV budget, preemption (docs/sim.md, \"Engine model\").",
+)
+@click.option(
+    "--kv-cache-tokens",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="TOKENS",
+    help="KV cache budget in tokens, in blocks of --block-size, shared with the prefix cache; 0 = unlimited (needs --profile).",
+)
+@click.option(
+    "--time-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    metavar="X",
+    help="Wall seconds per modelled second with --profile (0.01 = 100x faster).",
+)
 def sim_engine(
     host: str,
     port: int,
@@ -159,6 +184,9 @@ def sim_engine(
     block_size: int,
     kind: str,
     scale_out: bool,
+    profile: str | None,
+    kv_cache_tokens: int,
+    time_scale: float,
 ) -> None:
     """Run a simulated vLLM-compatible engine (faults: POST /sim/faults; counters: GET /sim/stats)."""
     options = dict(
@@ -180,7 +208,16 @@ def sim_engine(
         block_size=block_size,
         kind=kind,
         scale_out=scale_out,
+        profile=profile,
+        kv_cache_tokens=kv_cache_tokens,
+        time_scale=time_scale,
     )
+    if kv_cache_tokens and profile is None:
+        raise click.BadParameter("needs --profile (the engine model)", param_hint="--kv-cache-tokens")
+    if 0 < kv_cache_tokens < block_size:
+        raise click.BadParameter(
+            f"must hold at least one block ({block_size} tokens)", param_hint="--kv-cache-tokens"
+        )
     if 0 < prefix_cache_tokens < block_size:
         raise click.BadParameter(
             f"must hold at least one block ({block_size} tokens)", param_hint="--prefix-cache-tokens"

@@ -99,9 +99,10 @@ class OpenAIGeneration(TimingModel):
                 await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
             self.rl.completed(self.rl.weight_version)
         else:
+            timed = self._timed_generation if self.scheduler is None else self._stepped_generation
             await self.rl.generation(
                 run_id,
-                lambda run: self._timed_generation(ex, gen, rid, created, run),
+                lambda run: timed(ex, gen, rid, created, run),
                 lambda run: answer_aborted(ex, gen, rid, created, run, self.decode_ms_per_token),
             )
 
@@ -146,6 +147,41 @@ class OpenAIGeneration(TimingModel):
             stats.running -= 1
             stats.changed()
             self._limiter.release()
+
+
+    async def _stepped_generation(
+        self, ex: Exchange, gen: Generation, rid: str, created: int, run: Run
+    ) -> None:
+        """The engine model's generation: its sequences run in the scheduler's
+        steps (``_scheduler.py``), which counts running, queued and decoded."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+        samples = run.samples = gen.samples()
+        prompts = [gen.prompts[i // gen.n] for i in range(len(samples))]
+        seqs = scheduler.submit(gen.model, prompts, [s.tokens for s in samples])
+        try:
+            if gen.stream:
+                steps = list(stream_steps(gen, samples, rid, created))
+                for i, step in enumerate(steps):
+                    await scheduler.wait(seqs, i + 1)
+                    run.decoded = i + 1
+                    if i == 0:  # the first token is out: the stream starts
+                        await ex.start_stream(200, _SSE)
+                    if i < len(steps) - 1:
+                        await ex.send_chunk(step)
+                await ex.end_stream(steps[-1])
+            else:
+                await scheduler.wait(seqs)
+                run.answering = True  # an abort from here on finds it finished
+                await ex.respond(200, _JSON, complete_body(gen, samples, rid, created))
+            self.rl.completed(run.version)
+        except BaseException:
+            # Aborted or hung up: what the steps made is what the answer carries.
+            run.decoded = max((s.decoded for s in seqs), default=0)
+            run.decode_start = None
+            raise
+        finally:
+            scheduler.drop(seqs)
 
 
 def _body_rid(body: bytes) -> str | None:

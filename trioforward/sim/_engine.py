@@ -16,6 +16,12 @@ by ``slowdown`` for a while, as a long prompt arriving on a busy engine does;
 ``slowdown=inf`` halts decoding (even instant decoding) until it ends, which
 tests use to hold requests in flight deterministically.
 
+With a *profile* (``profile``: a name in ``PROFILES`` or an
+:class:`~trioforward.sim._physics.EngineProfile`) the engine runs the engine
+model instead (``_scheduler.py``): one step loop over every running sequence,
+each step's time from the batch and its KV (``_physics.py``), a KV budget of
+``kv_cache_tokens`` in blocks with preemption by recompute (``_kv.py``).
+
 With a prefix cache (``prefix_cache_tokens`` > 0, see ``_prefix_cache``) the
 prefill is charged only for the tokens after the longest cached prefix, as
 vLLM's automatic prefix caching does; either way the engine counts the prompt
@@ -41,8 +47,11 @@ from trioforward.sim._adapters import NOT_FOUND_DETAIL, Adapters
 from trioforward.sim._completions import OpenAIGeneration, request_id_of
 from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
 from trioforward.sim._http import Exchange, reset_stream, serve_connection
+from trioforward.sim._metrics import metrics_text, sglang_load
+from trioforward.sim._physics import PROFILES, EngineProfile
 from trioforward.sim._prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
 from trioforward.sim._rl import RLControl
+from trioforward.sim._scheduler import Scheduler
 from trioforward.sim._sglang_info import INFO_PATHS, serve_info
 from trioforward.sim._sglang_openai import error_body as sglang_error
 from trioforward.sim._stats import EngineStats
@@ -60,6 +69,7 @@ __all__ = ["SimEngine"]
 log = logging.getLogger("trioforward.sim")
 
 _JSON = b"application/json"
+_PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"  # prometheus_client's CONTENT_TYPE_LATEST
 _VLLM_VERSION = b'{"version":"0.32.0"}'  # GET /version of the vLLM release modelled
 
 
@@ -99,7 +109,13 @@ class SimEngine(OpenAIGeneration):
         kind: str = "vllm",
         health_check_timeout: float = 20.0,
         scale_out: bool = False,
+        profile: str | EngineProfile | None = None,
+        kv_cache_tokens: int = 0,
+        time_scale: float = 1.0,
+        max_num_seqs: int | None = None,
     ) -> None:
+        if max_num_seqs is not None:  # vLLM's name for ``capacity``
+            capacity = max_num_seqs
         if capacity < 0:
             raise ValueError("capacity must be >= 0 (0 = unlimited)")
         if unknown_model_status not in (400, 404):
@@ -114,6 +130,16 @@ class SimEngine(OpenAIGeneration):
         self.backlog = backlog
         self.max_model_len = max_model_len
         self.stats = EngineStats()
+        if isinstance(profile, str):
+            if profile not in PROFILES:
+                raise ValueError(f"unknown profile {profile!r} (known: {', '.join(sorted(PROFILES))})")
+            profile = PROFILES[profile]
+        if kv_cache_tokens < 0 or time_scale <= 0:
+            raise ValueError("kv_cache_tokens must be >= 0 and time_scale > 0")
+        if kv_cache_tokens and profile is None:
+            raise ValueError("kv_cache_tokens needs a profile (the engine model)")
+        if kv_cache_tokens and prefix_cache_tokens:  # the cache lives in the KV budget
+            prefix_cache_tokens = min(prefix_cache_tokens, kv_cache_tokens)
         self.prefix_cache = (
             PrefixCache(prefix_cache_tokens, block_size) if prefix_cache_tokens > 0 else None
         )
@@ -139,6 +165,21 @@ class SimEngine(OpenAIGeneration):
         self._stall_slowdown = 1.0
         self._stall_changed = trio.Event()
         self.rl = RLControl(kind, self.stats, self._wake_decoders)
+        self.profile = profile
+        self.scheduler: Scheduler | None = None
+        if profile is not None:
+            self.scheduler = Scheduler(
+                profile,
+                stats=self.stats,
+                rl=self.rl,
+                cache=self.prefix_cache,
+                max_num_seqs=capacity,
+                kv_cache_tokens=kv_cache_tokens,
+                time_scale=time_scale,
+                stall=self._stall_factor,
+                changed=lambda: self._stall_changed,
+            )
+            nursery.start_soon(self.scheduler.run)
         self.kind = kind
         # The token route: SGLang's /generate, or vLLM's /inference/v1/generate
         # (served only with --enable-scale-out, as vLLM 0.32).
@@ -270,6 +311,10 @@ class SimEngine(OpenAIGeneration):
                 return await ex.respond(*await _sglang_lora.load(self.adapters, body))
             if path == "/unload_lora_adapter" and method == b"POST":
                 return await ex.respond(*_sglang_lora.unload(self.adapters, body))
+        if path == "/metrics" and method == b"GET" and self.kind != "sglang":
+            return await ex.respond(200, _PROMETHEUS, metrics_text(self))
+        if path == "/get_load" and method == b"GET" and self.kind == "sglang":
+            return await ex.respond(200, _JSON, sglang_load(self))
         if path == "/health":
             return await ex.respond(self.faults.health_status, b"", b"")  # vLLM: no content type
         if path == "/version" and self.kind in ("vllm", "none"):

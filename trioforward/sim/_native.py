@@ -135,6 +135,8 @@ async def _generate(
     sent: list[int],
 ) -> None:
     gen, stats = nat.gen, engine.stats
+    if engine.scheduler is not None:  # the engine model (docs/sim.md, "Engine model")
+        return await _stepped(engine, ex, route, nat, run, versions, sent)
     limiter = None if engine.instant else engine._limiter
     if limiter is not None:
         await engine._take_slot()
@@ -168,6 +170,47 @@ async def _generate(
         stats.changed()
         if limiter is not None:
             limiter.release()
+
+
+async def _stepped(
+    engine: SimEngine,
+    ex: Exchange,
+    route: NativeRoute,
+    nat: Native,
+    run: Run,
+    versions: list[str | None],
+    sent: list[int],
+) -> None:
+    """:func:`_generate` on the engine model: the sequences run in the scheduler's steps."""
+    gen, scheduler = nat.gen, engine.scheduler
+    assert scheduler is not None
+    samples = gen.samples()
+    prompts = [gen.prompts[i // gen.n] for i in range(len(samples))]
+    seqs = scheduler.submit(gen.model, prompts, [s.tokens for s in samples])
+    try:
+        steps = max((len(s.tokens) for s in samples), default=0)
+        for i in range(steps):
+            await scheduler.wait(seqs, i + 1)
+            versions.append(engine.rl.weight_version)
+            run.decoded = i + 1
+            if gen.stream:
+                if i == 0:
+                    await ex.start_stream(200, STREAM_CONTENT_TYPE)
+                if i < steps - 1:
+                    await ex.send_chunk(route.chunk(engine, nat, _upto(samples, i + 1), sent, versions, False))
+        await scheduler.wait(seqs)
+        if gen.stream:
+            if ex.status == 0:
+                await ex.start_stream(200, STREAM_CONTENT_TYPE)
+            await ex.end_stream(route.chunk(engine, nat, samples, sent, versions, True))
+        else:
+            await ex.respond(200, _JSON, route.whole(engine, nat, samples, versions))
+        engine.rl.completed(run.version)
+    except BaseException:
+        run.decoded = max((s.decoded for s in seqs), default=0)
+        raise
+    finally:
+        scheduler.drop(seqs)
 
 
 def _upto(samples: list[Sample], k: int) -> list[Sample]:

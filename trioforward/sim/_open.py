@@ -8,6 +8,7 @@ from typing import TypedDict, Unpack
 
 from trioforward._background import open_background_nursery
 from trioforward.sim._engine import SimEngine
+from trioforward.sim._physics import EngineProfile
 
 __all__ = ["EngineOptions", "open_engine", "open_fleet"]
 
@@ -36,6 +37,10 @@ class EngineOptions(TypedDict, total=False):
     kind: str
     health_check_timeout: float
     scale_out: bool
+    profile: str | EngineProfile | None
+    kv_cache_tokens: int
+    time_scale: float
+    max_num_seqs: int | None
 
 
 @asynccontextmanager
@@ -68,6 +73,12 @@ async def open_engine(**options: Unpack[EngineOptions]) -> AsyncIterator[SimEngi
       with nothing else; docs/sim.md, "Weight updates").
     - ``health_check_timeout``: ``"sglang"``: seconds ``/health`` waits while
       paused before answering 503 (SGLang's 20 s).
+    - ``profile``: the engine model (docs/sim.md, "Engine model"): a name in
+      ``PROFILES`` (``"vllm-cpu-tiny"``, ``"h100-llama3-8b"``) or an
+      ``EngineProfile``; None (default) keeps the per-token timing above.
+      ``kv_cache_tokens``: its KV budget in tokens (0 = unlimited; needs a
+      profile); ``time_scale``: wall seconds per modelled second (> 0; 0.01 runs
+      100x faster); ``max_num_seqs``: vLLM's name for ``capacity``.
     - ``scale_out``: a vLLM kind also serves ``POST /inference/v1/generate`` and
       ``POST /inference/v1/abort_requests`` (vLLM 0.32's ``--enable-scale-out``).
 

@@ -11,10 +11,11 @@ of generated tokens are cached too, so a next turn whose prompt is this turn's
 prompt plus its answer reuses both. Freed blocks are evicted least recently
 used first. (vLLM docs, "Automatic Prefix Caching", design page.)
 
-This model keeps that arithmetic and drops the memory manager: a capacity in
-tokens (``capacity // block_size`` blocks), LRU over every cached block, and no
-pinning of blocks that running requests use (vLLM cannot evict those; with a
-capacity well above the running set the difference does not show).
+This model keeps that arithmetic and a small memory manager: a capacity in
+tokens (``capacity // block_size`` blocks) and LRU over the cached blocks. A
+block a running sequence uses is *pinned* (:meth:`PrefixCache.pin`) and never
+evicted, as vLLM's reference counts keep it; only the engine model (a profile,
+``_scheduler.py``) pins, the plain timing model does not.
 
 Keys are Python ``hash()`` of ``(parent key, token-id tuple)``: stable within
 one process, which is all one engine needs. No I/O, no trio.
@@ -48,7 +49,7 @@ class PrefixCache:
     Cost: :meth:`match` and :meth:`insert` are O(len(tokens) / block_size).
     """
 
-    __slots__ = ("block_size", "capacity_blocks", "_blocks", "evictions")
+    __slots__ = ("block_size", "capacity_blocks", "_blocks", "_pins", "evictions")
 
     def __init__(self, capacity: int, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         if block_size < 1:
@@ -59,11 +60,54 @@ class PrefixCache:
         self.capacity_blocks = capacity // block_size
         # key -> None, least recently used first
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        # key -> running sequences using it (absent = evictable)
+        self._pins: dict[int, int] = {}
         self.evictions = 0
 
     @property
     def blocks(self) -> int:
         return len(self._blocks)
+
+    @property
+    def pinned(self) -> int:
+        """Cached blocks that running sequences use now (not evictable)."""
+        return len(self._pins)
+
+    def full_keys(self, model: str, tokens: Sequence[int]) -> list[int]:
+        """The keys of every full block of ``tokens`` (what :meth:`insert` caches)."""
+        return self._keys(model, tokens, len(tokens) // self.block_size)
+
+    def pin(self, keys: list[int]) -> None:
+        """Mark ``keys`` (cached) as used by one more running sequence."""
+        pins = self._pins
+        for key in keys:
+            pins[key] = pins.get(key, 0) + 1
+
+    def unpin(self, keys: list[int]) -> None:
+        """Undo one :meth:`pin` of ``keys``; a block no sequence uses is evictable again."""
+        pins = self._pins
+        for key in keys:
+            left = pins.get(key, 0) - 1
+            if left > 0:
+                pins[key] = left
+            else:
+                pins.pop(key, None)
+
+    def evict(self, n: int) -> int:
+        """Evict up to ``n`` unpinned blocks, least recently used first; returns how many."""
+        if n <= 0:
+            return 0
+        blocks, pins = self._blocks, self._pins
+        victims = []
+        for key in blocks:
+            if key not in pins:
+                victims.append(key)
+                if len(victims) == n:
+                    break
+        for key in victims:
+            del blocks[key]
+        self.evictions += len(victims)
+        return len(victims)
 
     def _keys(self, model: str, tokens: Sequence[int], n_blocks: int) -> list[int]:
         size = self.block_size
@@ -102,17 +146,23 @@ class PrefixCache:
     def insert(self, model: str, tokens: Sequence[int]) -> None:
         """Cache every full block of ``tokens`` (prompt, or prompt + generated),
         evicting the least recently used blocks beyond the capacity."""
-        blocks = self._blocks
         self._touch(self._keys(model, tokens, len(tokens) // self.block_size))
-        excess = len(blocks) - self.capacity_blocks
-        for _ in range(max(0, excess)):
-            blocks.popitem(last=False)
+        excess = len(self._blocks) - self.capacity_blocks
         if excess > 0:
-            self.evictions += excess
+            if self._pins:
+                self.evict(excess)
+            else:  # the plain timing model never pins: the fast path
+                blocks = self._blocks
+                for _ in range(excess):
+                    blocks.popitem(last=False)
+                self.evictions += excess
 
     def clear(self) -> None:
-        """Drop every block (vLLM's ``POST /reset_prefix_cache``)."""
-        self._blocks.clear()
+        """Drop every unpinned block (vLLM's ``POST /reset_prefix_cache``)."""
+        if self._pins:
+            self.evict(len(self._blocks))
+        else:
+            self._blocks.clear()
 
 
 def prefill_tokens(cache: PrefixCache | None, stats: EngineStats, gen: Generation) -> int:

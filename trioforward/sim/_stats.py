@@ -58,6 +58,13 @@ class EngineStats:
       answered instant-mode generation sampled (one list per choice, stop token
       included), in answer order (the last 4096): what the engine was prompted with
       and produced, for tests that check a gateway's token bookkeeping.
+    - engine model (a profile; docs/sim.md, "Engine model"): ``preemptions``:
+      sequences preempted by recompute (``vllm:num_preemptions_total``);
+      ``kv_too_small``: sequences ended because alone they outgrew the KV budget;
+      ``steps`` / ``busy_seconds``: scheduler steps run and their modelled time
+      (seconds before ``time_scale``: busy fraction = busy_seconds × time_scale / wall).
+      With a profile ``running`` / ``queued`` count sequences (each of ``n``
+      choices), as vLLM v1's ``num_requests_running`` / ``_waiting`` do.
     - ``rejected``: answers injected by the ``reject`` fault;
       ``faults``: ``Counter[fault name]`` of every fault applied.
 
@@ -93,6 +100,10 @@ class EngineStats:
         self.completed_by_version: Counter[str] = Counter()
         self.completed_mixed = 0
         self.tokens_decoded = 0
+        self.preemptions = 0
+        self.kv_too_small = 0
+        self.steps = 0
+        self.busy_seconds = 0.0
         self.rejected = 0
         self.traceparents: list[str] = []
         self.faults: Counter[str] = Counter()

@@ -16,6 +16,7 @@ import trio
 from trioforward.sim._api import Generation
 from trioforward.sim._prefix_cache import PrefixCache, prefill_tokens
 from trioforward.sim._rl import RLControl
+from trioforward.sim._scheduler import Scheduler
 from trioforward.sim._stats import EngineStats
 
 __all__ = ["TimingModel"]
@@ -27,6 +28,7 @@ class TimingModel:
     prefill_ms_per_token: float
     decode_ms_per_token: float
     prefix_cache: PrefixCache | None
+    scheduler: Scheduler | None
     stats: EngineStats
     rl: RLControl
     _stall_until: float
@@ -38,7 +40,8 @@ class TimingModel:
     def instant(self) -> bool:
         """True when generation takes no time at all (no sleep, no queue)."""
         return (
-            self.prefill_ms_per_token <= 0
+            self.scheduler is None
+            and self.prefill_ms_per_token <= 0
             and self.decode_ms_per_token <= 0
             and trio.current_time() >= self._stall_until
             and not self.rl.paused
@@ -49,6 +52,12 @@ class TimingModel:
         self._stall_until = trio.current_time() + seconds
         self._stall_slowdown = max(1.0, slowdown)
         self._wake_decoders()
+
+    def _stall_factor(self) -> tuple[float, float]:
+        """The slowdown a prefill stall puts on a step now (1.0 = none, inf = halt) and its end."""
+        if trio.current_time() < self._stall_until:
+            return self._stall_slowdown, self._stall_until
+        return 1.0, -math.inf
 
     def end_stall(self) -> None:
         """End a prefill stall now."""

