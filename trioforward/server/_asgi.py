@@ -187,13 +187,21 @@ class Front:
             guard.enter()
         try:
             try:
-                # The key first, as on every other route: no 405 to an unknown caller.
+                # The id before anything can refuse, so that every answer (401 and
+                # 405 included) carries it; a bad one is refused after the key and
+                # the method, as before: no 405 or 400 to an unknown caller.
+                try:
+                    log.request_id, log.group = request_identity(headers, state.client)
+                    bad_id = None
+                except RequestError as err:
+                    bad_id = err
                 tenant = check_auth(
                     state.settings, path, lambda n: _text(headers.get(n.encode())), state.client.tenants
                 )
                 if scope["method"] != "POST":
                     raise RequestError(405, f"{path} accepts POST only", code="method_not_allowed")
-                log.request_id, log.group = request_identity(headers, state.client)
+                if bad_id is not None:
+                    raise bad_id
                 body = await _read_body(receive, headers, state.settings.max_body_size)
                 data = parse_body(body, allow_empty=route.empty_body)
                 if log.span is not None:
