@@ -115,8 +115,8 @@ class Call:
         return None if value is None else value.decode("latin-1")
 
     def refused(self, status: int, code: str | None) -> None:
-        """Count this call's refusal (``status``, error ``code``) on a route that
-        is not counted per request (``Route.access_log`` false: Tinker's), in
+        """Count this call's refusal (``status``, error ``code``) on a Tinker
+        route (``Route.tinker``), in
         ``trioforward_tinker_rejections_total`` (docs/server.md, "Metrics (`GET /metrics`)")."""
         metrics = self.state.metrics
         if metrics is not None:
@@ -131,14 +131,17 @@ class Route:
     :class:`RequestError` for a bad one, answered by the front) and returns the
     work to run, which sends the response itself. ``empty_body``: an empty
     body means ``{}`` (Tinker) instead of a 400 (OpenAI). ``access_log``: the
-    request gets an access-log line and is counted in the route metrics;
-    without, only its refusals are counted (:meth:`Call.refused`: the front's
-    own, and those the route's work answers).
+    request gets an access-log line and is counted in the route metrics.
+    ``tinker``: a Tinker call, whose refusals are counted in
+    ``trioforward_tinker_rejections_total`` (:meth:`Call.refused`: the front's
+    own, and those the route's work answers); the engines' abort routes are
+    neither.
     """
 
     start: Callable[[Call], Awaitable[None]]
     empty_body: bool = False
     access_log: bool = False
+    tinker: bool = False
 
 
 class Front:
@@ -210,7 +213,7 @@ class Front:
                 work = route.start(Call(state, path, headers, data, body, send, log, tenant))
             except RequestError as err:
                 log.status = err.status
-                if not route.access_log and state.metrics is not None:
+                if route.tinker and state.metrics is not None:
                     state.metrics.rejection(path, err.status, err.code)
                 extra = ((b"allow", b"POST"),) if err.status == 405 else err.headers()
                 if log.request_id is not None:
