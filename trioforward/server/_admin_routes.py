@@ -42,6 +42,7 @@ from quart_trio import QuartTrio
 
 from trioforward._engine_url import EngineURLError, engine_url
 from trioforward.dispatch import ENGINE_KINDS, ENGINE_MODES, fleet_pause_value, pause_conflict
+from trioforward.dispatch._weights import bad_version_reason
 from trioforward.errors import EngineControlError
 from trioforward.server._abort import abort_args, abort_here
 from trioforward.server._errors import RequestError, bad_request
@@ -178,8 +179,11 @@ async def _fleet_pause(
         raise
 
 
-def _good_version(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= 128 and value.isascii() and value.isprintable()
+def _check_version(value: object) -> None:
+    """A ``weight_version`` field's 400 (``bad_version_reason``), if it is not one."""
+    reason = bad_version_reason(value)
+    if reason is not None:
+        raise bad_request(f"'weight_version' {reason}", "weight_version")
 
 
 def sampling_sessions(state: GatewayState) -> int:
@@ -208,10 +212,8 @@ def install_admin_routes(app: QuartTrio) -> None:
         url = _url(data.get("url"))
         kind = data.get("kind")
         confirmed = data.get("weight_version")
-        if confirmed is not None and not _good_version(confirmed):
-            raise bad_request(
-                "'weight_version' must be printable ASCII of 1..128 characters", "weight_version"
-            )
+        if confirmed is not None:
+            _check_version(confirmed)
         if kind is not None and kind not in ENGINE_KINDS:
             raise bad_request(f"'kind' must be null or one of {', '.join(ENGINE_KINDS)}", "kind")
         if kind is not None and state.fleet is not None:
@@ -296,11 +298,8 @@ def install_admin_routes(app: QuartTrio) -> None:
         version = data.get("weight_version")
         if version is not None and not isinstance(version, str):
             raise bad_request("'weight_version' must be a string or null", "weight_version")
-        if version is not None and not _good_version(version):
-            raise bad_request(
-                "'weight_version' must be printable ASCII of 1..128 characters",
-                "weight_version",
-            )
+        if version is not None:
+            _check_version(version)
         engines = _known_engines(state, data)
         try:
             if state.fleet is None:
