@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 from gateway_harness import open_gateway
 
 BODY = b'{"model": "sim-base", "prompt": "hi", "max_tokens": 2}'
@@ -151,3 +152,37 @@ async def test_a_request_head_over_the_limit_is_refused_431_however_it_arrives(e
         assert len(small) <= 16_384
         answers = _answers(await _exchange(port, small))
         assert [status for status, _, _ in answers] == [200]
+
+
+@pytest.mark.parametrize(
+    "bad_line,reason",
+    [(b"%x \r\n", "chunk-size line"), (b"zz\r\n", "illegal chunk header")],
+    ids=["whitespace", "not-hex"],
+)
+async def test_a_body_refused_after_its_request_started_is_logged_with_its_status_not_499(
+    engine: Any, caplog: pytest.LogCaptureFixture, bad_line: bytes, reason: str
+) -> None:
+    # The head arrives first (the route starts reading the body), the bad chunk
+    # later: the client got a 400 and never left, so 499 would be a lie.
+    caplog.set_level("INFO", logger="trioforward.access")
+    line = bad_line % len(BODY) if b"%x" in bad_line else bad_line
+    async with open_gateway(engine.url) as gw:
+        port = int(gw.url.rpartition(":")[2])
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(_chunked_head())
+            await trio.testing.wait_all_tasks_blocked()  # the route waits for the body
+            await stream.send_all(line + BODY + b"\r\n0\r\n\r\n")
+            raw = b""
+            with trio.fail_after(30):
+                while chunk := await stream.receive_some(65536):
+                    raw += chunk
+        [(status, _, body)] = _answers(raw)
+        assert status == 400 and reason in json.loads(body)["error"]["message"]
+        with trio.fail_after(5):
+            while not [r for r in caplog.records if r.name == "trioforward.access"]:
+                await trio.testing.wait_all_tasks_blocked()
+                await trio.lowlevel.checkpoint()
+    lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]
+    assert [x.split()[:3] for x in lines] == [["POST", "/v1/completions", "400"]], lines
+    assert "error=malformed_request" in lines[0]
+    assert engine.stats.by_path["/v1/completions"] == 0

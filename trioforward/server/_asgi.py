@@ -44,7 +44,7 @@ from trioforward.server import _gc
 from trioforward.server._appchannel import DISCONNECT_EXTENSION, AppChannel
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
-from trioforward.server._h11front import ambiguous_framing, refuse_ambiguous
+from trioforward.server._h11front import REFUSED_EXTENSION, ambiguous_framing, refuse_ambiguous
 from trioforward.server._outcome import CLIENT_CLOSED, NO_ANSWER, Outcome
 from trioforward.server._state import STATE_KEY, GatewayState
 from trioforward.server._validate import parse_body, request_identity
@@ -221,7 +221,11 @@ class Front:
                 await respond(send, err.status, err.body(), extra=extra)
                 return
             except _Disconnected:
-                log.status = CLIENT_CLOSED
+                # The front refused the body (and answered for it), or the client left.
+                refused = scope["extensions"].get(REFUSED_EXTENSION) if "extensions" in scope else None
+                log.status = CLIENT_CLOSED if refused is None else refused
+                if refused is not None:
+                    log.error = "malformed_request"
                 return
             channel: AppChannel | None = scope["extensions"].get(DISCONNECT_EXTENSION)
             if channel is None:  # another server than ours: a watcher task

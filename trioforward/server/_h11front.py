@@ -68,7 +68,12 @@ if TYPE_CHECKING:
 else:
     h11 = front_h11()  # the h11 Hypercorn's H11Protocol uses (trioforward._h11)
 
-__all__ = ["ChunkLines", "FrontH11Protocol", "ambiguous_framing", "refuse_ambiguous"]
+__all__ = ["REFUSED_EXTENSION", "ChunkLines", "FrontH11Protocol", "ambiguous_framing", "refuse_ambiguous"]
+
+#: ``scope["extensions"]`` key set to the status of the front's refusal of a
+#: request whose app already runs (its body was malformed): the app then sees the
+#: connection end, and logs that status, not 499, since the client did not leave.
+REFUSED_EXTENSION = "trioforward.refused"
 
 log = logging.getLogger("trioforward.server")
 
@@ -306,6 +311,9 @@ class FrontH11Protocol(H11Protocol):
         await self._refuse(status_code, refusal_body(message, "malformed_request"))
 
     async def _refuse(self, status: int, body: bytes) -> None:
+        scope = getattr(self.stream, "scope", None)  # a request's app already runs
+        if isinstance(scope, dict):
+            scope["extensions"][REFUSED_EXTENSION] = status
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", b"%d" % len(body)),
