@@ -12,7 +12,8 @@ The behaviour each hook buys is asserted by tests/server/test_worker_writes.py
 (one write per fixed-length response, no scheduler pass per write once the
 request is read), tests/server/test_keepalive.py (keep-alive as a read deadline)
 tests/server/test_appchannel.py (the disconnect hook), tests/server/test_front_framing.py
-(the refused framings), tests/server/test_must_close.py (the shielded close) and
+and tests/server/test_front_pipelined.py (the refused framings, the re-implemented
+``_handle_events``: must-close requests, chunk lines, the head limit), tests/server/test_must_close.py (the shielded close) and
 tests/server/test_worker_vs_hypercorn.py (the lean stream: the same scope, messages and
 bytes as stock Hypercorn).
 """

@@ -26,13 +26,17 @@ answers the incomplete one). The list is in docs/server.md, "Framings the front
 refuses".
 
 A request that asks to close (``Connection: close``, HTTP/1.0 without
-keep-alive) and is followed in the same write by more bytes is answered, then the
-connection closes and the rest is discarded (RFC 9112 §9.6; docs/server.md,
+keep-alive) and is followed by more bytes (in the same write or later) is
+answered, then the connection closes and the rest is discarded (RFC 9112 §9.6; docs/server.md,
 "Connections that must close"). Hypercorn's loop hands those bytes to h11, which
 raises "Got data when expecting EOF" once the request is read: Hypercorn then
 answered 400 in place of the request and closed, cancelling its forward
 (pgjones/hypercorn#203 is the same error). :meth:`FrontH11Protocol._handle_events`
 is Hypercorn's loop that stops reading there instead.
+
+A refusal that comes once a request's app runs (its body was malformed) is
+marked in the request's ``scope["extensions"]`` (:data:`REFUSED_EXTENSION`), so
+that the app logs the status the client got, not a 499 for a client that left.
 
 What it relies on, checked by ``tests/server/test_private_hooks.py`` (fails when
 the pinned Hypercorn changes any of it):
