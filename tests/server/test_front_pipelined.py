@@ -186,3 +186,15 @@ async def test_a_body_refused_after_its_request_started_is_logged_with_its_statu
     assert [x.split()[:3] for x in lines] == [["POST", "/v1/completions", "400"]], lines
     assert "error=malformed_request" in lines[0]
     assert engine.stats.by_path["/v1/completions"] == 0
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models", "/metrics"])
+async def test_a_must_close_probe_of_a_quart_route_is_answered_whatever_follows(engine: Any, path: str) -> None:
+    probe = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    async with open_gateway(engine.url) as gw:
+        port = int(gw.url.rpartition(":")[2])
+        answers = _answers(await _exchange(port, probe + SMUGGLED))
+        assert [status for status, _, _ in answers] == [200]
+        assert answers[0][1][b"connection"].lower() == b"close"
+        assert await _paused(gw.url) == [False]
+    assert engine.stats.by_path["/admin/pause"] == 0
