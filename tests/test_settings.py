@@ -242,3 +242,45 @@ def test_a_bad_tenant_field_is_named_with_its_value(text: str, says: str) -> Non
     with pytest.raises(TenantSpecError) as info:
         parse_tenants(text)
     assert str(info.value) == says
+
+
+def test_lists_are_as_good_as_tuples() -> None:
+    # Settings(engines=[...]) was refused: "must be a list of strings (got [...])".
+    settings = Settings(engines=["http://127.0.0.1:8001"], api_keys=["k1", "k2"])
+    assert settings.engines == ("http://127.0.0.1:8001",) and settings.api_keys == ("k1", "k2")
+    assert settings.replace(engines=["http://127.0.0.1:8002"]).engines == ("http://127.0.0.1:8002",)
+    with pytest.raises(SettingsError, match="must be a list or tuple of strings"):
+        Settings(engines=[8001])
+
+
+@pytest.mark.parametrize(
+    ("toml", "says"),
+    [
+        ('engine_capacity = "8"', "setting 'engine_capacity': must be an integer in TOML, not a string (got '8')"),
+        ('access_log = "yes"', "setting 'access_log': must be a boolean (true/false) in TOML, not a string (got 'yes')"),
+        (
+            'engines = "http://127.0.0.1:8001"',
+            "setting 'engines': must be a list of strings in TOML, not a string (got 'http://127.0.0.1:8001')",
+        ),
+        ('[tenants.a]\nkeys = "k1"', "setting 'tenants': tenant 'a': keys must be a list of strings in TOML, not a string"),
+        ('[tenants.a]\nkeys = ["k1"]\nweight = "3"', "setting 'tenants': tenant 'a': weight must be a number in TOML, not a string"),
+        ('[tenants.a]\nkeys = ["k1"]\nweight = -1', "setting 'tenants': tenant 'a': weight must be a number > 0 (got -1)"),
+    ],
+)
+def test_a_toml_value_of_the_wrong_type_is_refused_naming_the_key_and_the_type(
+    tmp_path: Any, toml: str, says: str
+) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(toml)
+    with pytest.raises(SettingsError) as info:
+        Settings.load(config_file=str(path), environ={})
+    assert str(info.value) == says  # one "(got ...)" at most, never a key
+
+
+def test_the_one_string_form_still_reads_strings() -> None:
+    settings = Settings.load(environ={"TRIOFORWARD_TENANTS": "a:keys=k1|k2,weight=3", "TRIOFORWARD_ENGINE_CAPACITY": "8"})
+    assert settings.tenants["a"].keys == ("k1", "k2") and settings.tenants["a"].weight == 3.0
+    assert settings.engine_capacity == 8
+    with pytest.raises(SettingsError) as info:
+        Settings.load(environ={"TRIOFORWARD_TENANTS": "a:weight=abc"})
+    assert str(info.value) == "setting 'tenants': tenant 'a': weight must be a number > 0 (got 'abc')"

@@ -50,7 +50,10 @@ highest precedence:
    `[trioforward]` table; `-` and `_` are interchangeable in keys; an unknown
    key is an error naming it and the nearest knob; with a `[trioforward]` table
    only it is read — other tables are left to other programs — and a knob left
-   at the top level beside it is an error);
+   at the top level beside it is an error; values keep their TOML types: a
+   string where a number, a boolean or a list is wanted — `engine_capacity =
+   "8"`, a tenant's `keys = "k1"` — is an error naming the key and the type
+   wanted, `"none"` aside for knobs that can be unset);
 3. environment variables `{prefix}<KNOB>` (lists are comma-separated,
    adapters are `name=path,name=path`, booleans `true`/`false`, and `none`
    means "no limit" for knobs that accept it; a `{prefix}*` variable that
@@ -61,6 +64,7 @@ The embedded client takes the same knobs:
 `trioforward.open_client(engines=[...], settings=Settings(...), dispatch_timeout=600)`.
 Times are in seconds. "unset" means no limit. Every value is validated when the
 settings are built; a bad one raises `SettingsError` naming the knob and the value.
+A list knob takes a list or a tuple of strings (`Settings(engines=[...])`).
 
 One variable is not a knob, because it is read once per process, when trioforward
 is imported: `{prefix}H11` chooses the HTTP/1.1 implementation of the pool, the

@@ -129,7 +129,13 @@ class Settings:
         if isinstance(self.tenants, (dict, str)):  # TOML-shaped rows given directly
             object.__setattr__(self, "tenants", coerce("tenants", self.tenants))
         for f in dataclasses.fields(self):
-            validate(f.name, getattr(self, f.name))
+            value = getattr(self, f.name)
+            if type(value) is list and FIELD_KINDS[f.name][0] is tuple:
+                # A list is as good as a tuple (Settings(engines=[...])); kept as a
+                # tuple so the settings stay immutable and hashable.
+                value = tuple(value)
+                object.__setattr__(self, f.name, value)
+            validate(f.name, value)
         if self.routing not in ROUTING_POLICIES:
             raise SettingsError("routing", self.routing, f"must be one of {', '.join(ROUTING_POLICIES)}")
         if self.prefix_load_factor < 1:
@@ -211,7 +217,7 @@ class Settings:
             data = knob_table(data)
             for key, value in data.items():
                 name = _current(key.replace("-", "_"))
-                values[name] = coerce(name, value)
+                values[name] = coerce(name, value, toml=True)
         env = os.environ if environ is None else environ
         warn_unknown_variables(env)
         for old, new in RENAMED_KNOBS.items():

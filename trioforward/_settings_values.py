@@ -19,8 +19,10 @@ __all__ = ["FIELD_KINDS", "RENAMED_KNOBS", "TYPE_NAMES", "SettingsError", "coerc
 class SettingsError(ValueError):
     """A knob has a bad value. ``.knob`` names it, ``.value`` is what was given."""
 
-    def __init__(self, knob: str, value: object, reason: str) -> None:
-        super().__init__(f"setting {knob!r}: {reason} (got {value!r})")
+    def __init__(self, knob: str, value: object, reason: str, *, show: bool = True) -> None:
+        """``show`` false: ``reason`` already names what was given (a tenant
+        table's errors do, without its keys), so no ``(got ...)`` is added."""
+        super().__init__(f"setting {knob!r}: {reason}" + (f" (got {value!r})" if show else ""))
         self.knob = knob
         self.value = value
 
@@ -64,17 +66,25 @@ FIELD_KINDS: dict[str, tuple[type, bool]] = {}
 _UNSET_WORDS = ("", "none", "null", "inf", "unlimited")
 
 
-def coerce(name: str, value: Any) -> Any:
-    """Turn a TOML value or an environment/CLI string into the knob's type."""
+def coerce(name: str, value: Any, *, toml: bool = False) -> Any:
+    """Turn a TOML value or an environment/CLI string into the knob's type.
+
+    ``toml``: ``value`` is from a TOML file, whose values have types of their own:
+    a string where the knob is a number, a boolean or a list (``engine_capacity =
+    "8"``) is refused naming the knob and the type wanted, as a tenant table's
+    string ``keys`` is (``keys = "k1"``), instead of read as text."""
     if name not in FIELD_KINDS:
         near = difflib.get_close_matches(name, [*FIELD_KINDS, *RENAMED_KNOBS], n=1)
         raise SettingsError(name, value, f"unknown setting; did you mean {near[0]!r}?" if near else "unknown setting")
     kind, optional = FIELD_KINDS[name]
     if kind is TenantSpec:
         try:
-            return parse_tenants(value)
+            return parse_tenants(value, typed=toml)
         except TenantSpecError as exc:
-            raise SettingsError(name, "<not shown: it holds API keys>", str(exc)) from None
+            raise SettingsError(name, "<not shown: it holds API keys>", str(exc), show=False) from None
+    unset = optional and isinstance(value, str) and value.strip().lower() in _UNSET_WORDS
+    if toml and isinstance(value, str) and kind not in (str, dict) and not unset:
+        raise SettingsError(name, value, f"must be {_toml_type(kind)} in TOML, not a string")
     try:
         if isinstance(value, str):
             text = value.strip()
@@ -105,6 +115,11 @@ def coerce(name: str, value: Any) -> Any:
         raise SettingsError(name, value, f"cannot read as {_describe(kind, optional)}: {exc}") from None
 
 
+def _toml_type(kind: type) -> str:
+    names = {bool: "a boolean (true/false)", int: "an integer", float: "a number", tuple: "a list of strings"}
+    return names.get(kind, kind.__name__)
+
+
 def _describe(kind: type, optional: bool) -> str:
     return f"{TYPE_NAMES.get(kind, kind.__name__)}{' or unset' if optional else ''}"
 
@@ -130,7 +145,7 @@ def validate(name: str, value: Any) -> None:
             raise SettingsError(name, value, "must be >= 0")
     elif kind is tuple:
         if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-            raise SettingsError(name, value, "must be a list of strings")
+            raise SettingsError(name, value, "must be a list or tuple of strings")
     elif kind is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise SettingsError(name, value, "must map names to paths")

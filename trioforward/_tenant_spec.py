@@ -66,13 +66,20 @@ def _number(value: Any, kind: type) -> Any:
     return value
 
 
-def _spec(name: str, raw: Mapping[str, Any]) -> TenantSpec:
+def _spec(name: str, raw: Mapping[str, Any], typed: bool) -> TenantSpec:
+    """One tenant's row; ``typed``: from a TOML table, whose values keep their types
+    (a string is not read as a number or a key list, as it is in the one-string form)."""
     if not _NAME.fullmatch(name):
         raise TenantSpecError(f"tenant name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
     unknown = [k for k in raw if k.replace("-", "_") not in _FIELDS]
     if unknown:
         raise TenantSpecError(f"tenant {name!r}: unknown field {unknown[0]!r} (fields: {', '.join(_FIELDS)})")
     values = {k.replace("-", "_"): v for k, v in raw.items()}
+    if typed:
+        for key, value in values.items():
+            if isinstance(value, str):
+                wanted = "a list of strings" if key == "keys" else "a number"
+                raise TenantSpecError(f"tenant {name!r}: {key} must be {wanted} in TOML, not a string")
     keys = values.get("keys", ())
     if isinstance(keys, str):
         keys = tuple(k for k in keys.split("|") if k)
@@ -90,9 +97,11 @@ def _spec(name: str, raw: Mapping[str, Any]) -> TenantSpec:
     return TenantSpec(tuple(keys), weight, priority, limit)
 
 
-def parse_tenants(value: Any) -> dict[str, TenantSpec]:
+def parse_tenants(value: Any, *, typed: bool = False) -> dict[str, TenantSpec]:
     """The tenant table from a TOML table (name -> fields), a string (module
-    docstring) or an already-built mapping of :class:`TenantSpec`. Raises
+    docstring) or an already-built mapping of :class:`TenantSpec`. ``typed``: the
+    table is from a TOML file, where a string value (``keys = "k1"``,
+    ``weight = "3"``) is refused naming the field and the type wanted. Raises
     :class:`TenantSpecError` naming the tenant and the field; a key listed for
     two tenants is refused (without showing the key)."""
     if isinstance(value, str):
@@ -111,7 +120,7 @@ def parse_tenants(value: Any) -> dict[str, TenantSpec]:
                         raise TenantSpecError(f"tenant {name.strip()!r}: expected field=value, got {k[:40]!r}")
                     fields[k.strip()] = v.strip()
             table[name.strip()] = fields
-        value = table
+        value, typed = table, False
     if not isinstance(value, Mapping):
         raise TenantSpecError("must be a table of tenants ([tenants.NAME])")
     out: dict[str, TenantSpec] = {}
@@ -119,9 +128,10 @@ def parse_tenants(value: Any) -> dict[str, TenantSpec]:
     for name, raw in value.items():
         if isinstance(raw, TenantSpec):
             spec = raw
-            _spec(str(name), {"keys": raw.keys, "weight": raw.weight, "priority": raw.priority, "max_outstanding": raw.max_outstanding})
+            row = {"keys": raw.keys, "weight": raw.weight, "priority": raw.priority, "max_outstanding": raw.max_outstanding}
+            _spec(str(name), row, False)
         elif isinstance(raw, Mapping):
-            spec = _spec(str(name), raw)
+            spec = _spec(str(name), raw, typed)
         else:
             raise TenantSpecError(f"tenant {name!r} must be a table of keys, weight, priority, max_outstanding")
         for key in spec.keys:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 import trio
 import trio.lowlevel
 from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
@@ -185,3 +186,22 @@ async def test_admin_engines_shows_each_kind_and_takes_one(fd_baseline: int) -> 
             (sglang.url, "sglang", True),
         ]
         assert sglang.stats.by_path["/model_info"] == 0  # set, not detected
+
+
+@pytest.mark.parametrize("version", ["a, b", "step-1,step-2", ","])
+async def test_a_weight_version_with_a_comma_is_refused(engine: Any, version: str) -> None:
+    # "a, b" was taken, and answers said X-Weight-Version: a, b -- which reads as
+    # an answer of two versions (docs/operations.md, "Weight versions").
+    async with open_gateway(engine.url) as gw:
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            resumed = await client.post("/admin/resume", json={"weight_version": version})
+            added = await client.post("/admin/engines", json={"url": engine.url, "weight_version": version})
+            answer = await client.post("/v1/completions", json={"model": "sim-base", "prompt": "x", "max_tokens": 2})
+        for refused in (resumed, added):
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["param"] == "weight_version" and "comma" in error["message"]
+        assert "x-weight-version" not in answer.headers  # no version was recorded
+        with pytest.raises(ValueError, match="comma"):
+            await gw.state.client.resume(weight_version=version)
+    assert engine.stats.by_path["/resume"] == 0

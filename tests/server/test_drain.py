@@ -263,6 +263,9 @@ async def test_held_polls_of_a_running_and_a_queued_tinker_sample_are_answered_b
     assert running.status_code == 503, running.text
     assert running.headers["retry-after"] == "1"
     assert running.json()["error"]["code"] == "shutting_down"
+    # The connection closes after it (the drain reuses none): the answer says so,
+    # or a client reusing it meets a close with no answer.
+    assert running.headers["connection"] == "close" and queued.headers["connection"] == "close"
     assert answered_at - drain_start <= GRACE - answer_margin(GRACE) + 0.05
     # Nothing is logged as answered that was not: no 500 for a reply never sent.
     lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]

@@ -47,6 +47,27 @@ async def test_invalid_request_is_400_naming_the_field(
     assert generation_requests(engine) == 0
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "where"),
+    [
+        ("/v1/completions", b'{"model": "sim-base",\n "prompt": nul}', "line 2, column 12"),
+        ("/v1/chat/completions", b"{not json", "line 1, column 2"),
+        ("/generate", b'{"text": "x",}', "line 1, column 13"),
+        ("/api/v1/asample", b"{", "line 1, column 2"),
+        ("/admin/pause", b"[1,", "line 1, column 4"),
+    ],
+)
+async def test_a_body_that_is_not_json_is_refused_saying_where(
+    engine: Any, gateway: Gateway, path: str, body: bytes, where: str
+) -> None:
+    async with httpx.AsyncClient() as client:
+        response = await client.post(gateway.url + path, content=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["message"] == f"request body is not valid JSON ({where})"  # not orjson's words
+    assert generation_requests(engine) == 0
+
+
 async def test_body_over_the_limit_is_413(engine: Any, fd_baseline: int) -> None:
     async with open_gateway(engine.url, max_body_size=1024) as gw:
         async with httpx.AsyncClient() as client:

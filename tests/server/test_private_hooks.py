@@ -12,7 +12,8 @@ The behaviour each hook buys is asserted by tests/server/test_worker_writes.py
 (one write per fixed-length response, no scheduler pass per write once the
 request is read), tests/server/test_keepalive.py (keep-alive as a read deadline)
 tests/server/test_appchannel.py (the disconnect hook), tests/server/test_front_framing.py
-(the refused framings), tests/server/test_must_close.py (the shielded close) and
+and tests/server/test_front_pipelined.py (the refused framings, the re-implemented
+``_handle_events``: must-close requests, chunk lines, the head limit), tests/server/test_must_close.py (the shielded close) and
 tests/server/test_worker_vs_hypercorn.py (the lean stream: the same scope, messages and
 bytes as stock Hypercorn).
 """
@@ -130,6 +131,14 @@ def test_h11_protocol_hooks_the_front_refusals_use() -> None:
     assert "await self._send_error_response(error.error_status_hint)" in source
     assert "await self._create_stream(event)" in source
     assert issubclass(_h11front.FrontH11Protocol, H11Protocol)
+    # Its _handle_events is Hypercorn's loop re-implemented (fingerprinted above),
+    # reached through handle(RawData) and stopping where h11 is lenient.
+    assert _h11front.FrontH11Protocol._handle_events is not H11Protocol._handle_events
+    assert "await self._handle_events()" in inspect.getsource(H11Protocol.handle)
+    # What it reads of h11: the bytes not parsed yet, and the must-close state.
+    assert hasattr(h11.Connection, "trailing_data") and h11.MUST_CLOSE is not None
+    # The leniency the chunk-line check exists for (if h11 drops it, the check is moot).
+    assert h11._readers.chunk_header_re.fullmatch(b"30 \r\n") is not None  # type: ignore[attr-defined]
 
 
 def test_h11_protocol_exposes_its_h11_connection() -> None:

@@ -122,3 +122,41 @@ async def test_a_tinker_sample_takes_its_future_id_or_the_callers(
             done = await http.post("/api/v1/retrieve_future", json={"request_id": r.json()["request_id"]})
             assert done.status_code == 200
     assert sorted(s.rpartition(".")[0] for s in engine.stats.request_ids) == sorted([future_id, "tk-1"])
+
+
+@pytest.mark.parametrize(
+    "method,path,auth,status",
+    [
+        ("POST", "/v1/completions", False, 401),
+        ("POST", "/generate", False, 401),
+        ("POST", "/api/v1/asample", False, 401),
+        ("GET", "/v1/completions", True, 405),
+        ("GET", "/no/such/route", True, 404),
+        ("GET", "/no/such/route", False, 404),
+        ("POST", "/health", True, 405),
+        ("GET", "/health", False, 200),
+    ],
+)
+async def test_every_answer_carries_the_callers_id_refusals_included(
+    engine: Any, caplog: pytest.LogCaptureFixture, method: str, path: str, auth: bool, status: int
+) -> None:
+    caplog.set_level("INFO", logger="trioforward.access")
+    headers = {"X-Request-Id": "probe-9", **({"Authorization": "Bearer sekret"} if auth else {})}
+    async with open_gateway(engine.url, api_keys=("sekret",)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            response = await client.request(method, path, headers=headers)
+            fresh = await client.request(method, path, headers={k: v for k, v in headers.items() if k != "X-Request-Id"})
+    assert response.status_code == status
+    assert response.headers["x-request-id"] == "probe-9"
+    assert fresh.headers["x-request-id"] not in ("", "probe-9")  # none sent: a fresh one
+    lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]
+    assert not any(line.endswith(" id=-") for line in lines), lines
+    assert generation_requests(engine) == 0
+
+
+async def test_a_bad_id_from_an_unknown_caller_is_a_401(engine: Any) -> None:
+    async with open_gateway(engine.url, api_keys=("sekret",)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            response = await client.post("/v1/completions", json=BODY, headers={"X-Request-Id": "has space"})
+    assert response.status_code == 401  # the key first: nothing about the request to an unknown caller
+    assert "x-request-id" not in response.headers

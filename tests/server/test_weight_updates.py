@@ -145,6 +145,40 @@ async def test_a_stream_paused_with_continue_is_one_stream_with_done(fd_baseline
         assert 40 <= engine.stats.tokens_decoded <= 41
 
 
+async def test_a_continued_stream_is_logged_and_counted_as_mixed_version(
+    fd_baseline: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A /v1/completions stream started under v1, continued after an abort pause
+    # under v2: two engine attempts, and an answer of both versions, as a
+    # non-streamed one is counted (it was logged attempts=1 version=v1 and counted
+    # under v1).
+    caplog.set_level("INFO", logger="trioforward.access")
+    async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            await client.post("/admin/resume", json={"weight_version": "v1"})
+            body = b""
+            async with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as r:
+                assert r.headers["x-weight-version"] == "v1"  # the head: at dispatch
+                paused = False
+                async for chunk in r.aiter_bytes():
+                    body += chunk
+                    if body.count(b"data: ") >= 3 and not paused:
+                        paused = True
+                        answer = await client.post(
+                            "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
+                        )
+                        assert answer.status_code == 200
+                        await client.post("/admin/resume", json={"weight_version": "v2"})
+            assert body.endswith(b"data: [DONE]\n\n")
+            metrics = (await client.get("/metrics")).text
+    assert engine.stats.by_path["/v1/completions"] == 2  # the stream and its continuation
+    assert "trioforward_weight_version_mixed_requests_total 1.0" in metrics
+    assert 'trioforward_weight_version_requests_total{weight_version="v1"}' not in metrics
+    lines = [r.getMessage() for r in caplog.records if r.name == "trioforward.access"]
+    [line] = [x for x in lines if x.startswith("POST /v1/completions ")]
+    assert " attempts=2 " in line and line.split()[-1] == "version=v1,v2", line
+
+
 async def test_a_stream_paused_with_abort_ends_with_one_error_event(fd_baseline: int) -> None:
     async with open_sim(decode_ms_per_token=20) as engine, open_gateway(engine.url) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:

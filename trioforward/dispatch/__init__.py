@@ -33,6 +33,7 @@ from trioforward.dispatch.engines._tenants import (
 from trioforward.dispatch.rollout._engine_control import ENGINE_MODES
 from trioforward.dispatch.rollout._weights import (
     EnginePause,
+    bad_version_reason,
     fleet_pause_args,
     fleet_pause_value,
     pause_conflict,
@@ -61,6 +62,7 @@ __all__ = [
     "fleet_pause_args",
     "fleet_pause_value",
     "pause_conflict",
+    "bad_version_reason",
     "bad_id_reason",
     "MAX_ID_LENGTH",
     "with_rid",

@@ -42,7 +42,13 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward._engine_url import EngineURLError, engine_url
-from trioforward.dispatch import ENGINE_KINDS, ENGINE_MODES, fleet_pause_value, pause_conflict
+from trioforward.dispatch import (
+    ENGINE_KINDS,
+    ENGINE_MODES,
+    bad_version_reason,
+    fleet_pause_value,
+    pause_conflict,
+)
 from trioforward.errors import EngineControlError, PauseOvertaken
 from trioforward.server._abort import abort_args, abort_here
 from trioforward.server._errors import RequestError, bad_request
@@ -223,8 +229,11 @@ async def _fleet_resume(state: GatewayState, engines: list[str] | None, version:
         raise
 
 
-def _good_version(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= 128 and value.isascii() and value.isprintable()
+def _check_version(value: object) -> None:
+    """A ``weight_version`` field's 400 (``bad_version_reason``), if it is not one."""
+    reason = bad_version_reason(value)
+    if reason is not None:
+        raise bad_request(f"'weight_version' {reason}", "weight_version")
 
 
 def sampling_sessions(state: GatewayState) -> int:
@@ -253,10 +262,8 @@ def install_admin_routes(app: QuartTrio) -> None:
         url = _url(data.get("url"))
         kind = data.get("kind")
         confirmed = data.get("weight_version")
-        if confirmed is not None and not _good_version(confirmed):
-            raise bad_request(
-                "'weight_version' must be printable ASCII of 1..128 characters", "weight_version"
-            )
+        if confirmed is not None:
+            _check_version(confirmed)
         if kind is not None and kind not in ENGINE_KINDS:
             raise bad_request(f"'kind' must be null or one of {', '.join(ENGINE_KINDS)}", "kind")
         if kind is not None and state.fleet is not None:
@@ -341,11 +348,8 @@ def install_admin_routes(app: QuartTrio) -> None:
         version = data.get("weight_version")
         if version is not None and not isinstance(version, str):
             raise bad_request("'weight_version' must be a string or null", "weight_version")
-        if version is not None and not _good_version(version):
-            raise bad_request(
-                "'weight_version' must be printable ASCII of 1..128 characters",
-                "weight_version",
-            )
+        if version is not None:
+            _check_version(version)
         engines = _known_engines(state, data)
         try:
             if state.fleet is None:

@@ -31,7 +31,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward import Settings, SettingsError
-from trioforward.dispatch import TenantTable
+from trioforward.dispatch import TenantTable, bad_id_reason
 from trioforward.server._abort import abort_here
 from trioforward.server._admin_log import install_admin_log
 from trioforward.server._asgi import Front
@@ -231,6 +231,20 @@ def _install_hooks(app: QuartTrio, settings: Settings) -> None:
         except RequestError as err:
             return json_response(err.body(), err.status)
         return None
+
+    @app.after_request
+    async def _request_id(response: Response) -> Response:
+        # Every answer carries the request's id (docs/server.md, "Request ids and
+        # rollout groups"), the Quart routes' included: the caller's when it is
+        # one, else a fresh one. A bad one is not echoed (these routes ignore it).
+        raw = request.headers.get("X-Request-Id")
+        if raw is None:
+            state = app.extensions.get(STATE_KEY)
+            if state is not None:
+                response.headers["X-Request-Id"] = state.client.new_request_id()
+        elif bad_id_reason(raw) is None:
+            response.headers["X-Request-Id"] = raw
+        return response
 
     @app.errorhandler(RequestError)
     async def _request_error(err: RequestError) -> Response:

@@ -44,7 +44,7 @@ from trioforward.server import _gc
 from trioforward.server._appchannel import DISCONNECT_EXTENSION, AppChannel
 from trioforward.server._auth import check_auth
 from trioforward.server._errors import RequestError, error_body
-from trioforward.server._h11front import ambiguous_framing, refuse_ambiguous
+from trioforward.server._h11front import REFUSED_EXTENSION, ambiguous_framing, refuse_ambiguous
 from trioforward.server._outcome import CLIENT_CLOSED, NO_ANSWER, Outcome
 from trioforward.server._state import STATE_KEY, GatewayState
 from trioforward.server._validate import parse_body, request_identity
@@ -115,8 +115,8 @@ class Call:
         return None if value is None else value.decode("latin-1")
 
     def refused(self, status: int, code: str | None) -> None:
-        """Count this call's refusal (``status``, error ``code``) on a route that
-        is not counted per request (``Route.access_log`` false: Tinker's), in
+        """Count this call's refusal (``status``, error ``code``) on a Tinker
+        route (``Route.tinker``), in
         ``trioforward_tinker_rejections_total`` (docs/server.md, "Metrics (`GET /metrics`)")."""
         metrics = self.state.metrics
         if metrics is not None:
@@ -131,14 +131,17 @@ class Route:
     :class:`RequestError` for a bad one, answered by the front) and returns the
     work to run, which sends the response itself. ``empty_body``: an empty
     body means ``{}`` (Tinker) instead of a 400 (OpenAI). ``access_log``: the
-    request gets an access-log line and is counted in the route metrics;
-    without, only its refusals are counted (:meth:`Call.refused`: the front's
-    own, and those the route's work answers).
+    request gets an access-log line and is counted in the route metrics.
+    ``tinker``: a Tinker call, whose refusals are counted in
+    ``trioforward_tinker_rejections_total`` (:meth:`Call.refused`: the front's
+    own, and those the route's work answers); the engines' abort routes are
+    neither.
     """
 
     start: Callable[[Call], Awaitable[None]]
     empty_body: bool = False
     access_log: bool = False
+    tinker: bool = False
 
 
 class Front:
@@ -187,13 +190,21 @@ class Front:
             guard.enter()
         try:
             try:
-                # The key first, as on every other route: no 405 to an unknown caller.
+                # The id before anything can refuse, so that every answer (401 and
+                # 405 included) carries it; a bad one is refused after the key and
+                # the method, as before: no 405 or 400 to an unknown caller.
+                try:
+                    log.request_id, log.group = request_identity(headers, state.client)
+                    bad_id = None
+                except RequestError as err:
+                    bad_id = err
                 tenant = check_auth(
                     state.settings, path, lambda n: _text(headers.get(n.encode())), state.client.tenants
                 )
                 if scope["method"] != "POST":
                     raise RequestError(405, f"{path} accepts POST only", code="method_not_allowed")
-                log.request_id, log.group = request_identity(headers, state.client)
+                if bad_id is not None:
+                    raise bad_id
                 body = await _read_body(receive, headers, state.settings.max_body_size)
                 data = parse_body(body, allow_empty=route.empty_body)
                 if log.span is not None:
@@ -202,7 +213,7 @@ class Front:
                 work = route.start(Call(state, path, headers, data, body, send, log, tenant))
             except RequestError as err:
                 log.status = err.status
-                if not route.access_log and state.metrics is not None:
+                if route.tinker and state.metrics is not None:
                     state.metrics.rejection(path, err.status, err.code)
                 extra = ((b"allow", b"POST"),) if err.status == 405 else err.headers()
                 if log.request_id is not None:
@@ -210,7 +221,11 @@ class Front:
                 await respond(send, err.status, err.body(), extra=extra)
                 return
             except _Disconnected:
-                log.status = CLIENT_CLOSED
+                # The front refused the body (and answered for it), or the client left.
+                refused = scope["extensions"].get(REFUSED_EXTENSION) if "extensions" in scope else None
+                log.status = CLIENT_CLOSED if refused is None else refused
+                if refused is not None:
+                    log.error = "malformed_request"
                 return
             channel: AppChannel | None = scope["extensions"].get(DISCONNECT_EXTENSION)
             if channel is None:  # another server than ours: a watcher task

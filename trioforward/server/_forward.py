@@ -176,6 +176,9 @@ async def _relay_stream(
                     events = chunk[:end] if transform is None else transform(chunk[:end])
                     await send({"type": "http.response.body", "body": events, "more_body": True})
             log.complete = True
+            # What the whole answer took: a continuation's attempts, and both
+            # versions when an update came while it ran (as for a whole answer).
+            log.attempts, log.version = fs.attempts, fs.final_version
             # The engine ended its stream cleanly: whatever it sent last is its own.
             await send({"type": "http.response.body", "body": partial, "more_body": False})
     except TrioforwardError as err:

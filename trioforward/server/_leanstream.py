@@ -280,7 +280,13 @@ class LeanStream:
         config = protocol.config
         if status >= 200:
             headers += _response_headers.get(config)
-            if protocol.keep_alive_requests >= config.keep_alive_max_requests:
+            # During the shutdown drain no connection is reused (_maybe_recycle
+            # closes it after the answer): say so, or a client reusing it meets a
+            # close with no answer (docs/server.md, "Shutdown").
+            if (
+                protocol.keep_alive_requests >= config.keep_alive_max_requests
+                or protocol.context.terminated.is_set()
+            ):
                 headers.append((b"connection", b"close"))
             return h11.Response(headers=headers, status_code=status)
         headers += _response_headers.get(config)

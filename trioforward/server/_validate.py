@@ -46,7 +46,9 @@ def _header_id(raw: bytes, header: str) -> str:
 
 def parse_body(body: bytes | str, *, allow_empty: bool = False) -> dict[str, Any]:
     """The request body as a JSON object (``{}`` for an empty body when
-    ``allow_empty``); raises :class:`RequestError` (400) otherwise."""
+    ``allow_empty``); raises :class:`RequestError` (400) otherwise, for bytes that
+    are not JSON with the message ``request body is not valid JSON (line L,
+    column C)`` (1-based, as ``json.JSONDecodeError`` counts them)."""
     if not body:
         if allow_empty:
             return {}
@@ -54,7 +56,11 @@ def parse_body(body: bytes | str, *, allow_empty: bool = False) -> dict[str, Any
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}") from None
+        # Where, not orjson's own words ("invalid literal"): the position is what
+        # a caller needs to find the fault.
+        raise bad_request(
+            f"request body is not valid JSON (line {exc.lineno}, column {exc.colno})"
+        ) from None
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object")
     return data

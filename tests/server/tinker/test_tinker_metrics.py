@@ -68,3 +68,17 @@ async def test_asample_and_retrieve_future_refusals_are_counted(engine: Any) -> 
     # The samples that ran are still counted once each, by their outcome.
     tinker_sample = ("trioforward_gateway_requests_total", (("route", "tinker_sample"), ("status", "200")))
     assert samples[tinker_sample] == 2
+
+
+async def test_refusals_on_the_engines_abort_routes_are_not_tinker_rejections(engine: Any) -> None:
+    async with open_gateway(engine.url, api_keys=("k",)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, headers={"X-API-Key": "k"}) as http:
+            for path in ("/abort_request", "/inference/v1/abort_requests"):
+                assert (await http.post(path, json={}, headers={"X-API-Key": "no"})).status_code == 401
+                bad = await http.post(path, content=b"[", headers={"Authorization": "Bearer k"})
+                assert bad.status_code == 400
+            assert (await http.post(ASAMPLE, json={}, headers={"X-API-Key": "no"})).status_code == 401
+            samples = await scrape(http, gw.url)
+    assert {key: value for key, value in samples.items() if key[0] == REJECTIONS} == {
+        rejected(ASAMPLE, 401, "invalid_api_key"): 1,  # only the Tinker call's
+    }

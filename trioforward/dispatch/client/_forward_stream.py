@@ -14,6 +14,7 @@ from trioforward.dispatch.rollout._abort_answer import abort_tail
 from trioforward.dispatch.rollout._continue import CONTINUABLE_PATH
 from trioforward.dispatch.rollout._continue_chat import CHAT_PATH
 from trioforward.dispatch.rollout._continue_stream import continuing_events
+from trioforward.dispatch.rollout._weights import version_label
 from trioforward.http import PoolError
 
 if TYPE_CHECKING:
@@ -28,7 +29,10 @@ class ForwardStream:
     """A streamed engine answer (SSE for ``"stream": true``).
 
     ``status``/``headers`` (hop-by-hop removed) are the engine's; ``engine`` is
-    its URL; ``attempts``, ``queue_time`` (s) and ``request_id`` as for ``ForwardResponse``.
+    its URL; ``attempts``, ``queue_time`` (s) and ``request_id`` as for ``ForwardResponse``
+    (``attempts`` counts a continuation's too once the body is read);
+    ``weight_version`` is the version at dispatch (the head's ``X-Weight-Version``)
+    and :attr:`final_version` the answer's, known once the body is read.
     Retries happen only before the headers: once this object exists the answer
     is committed. A failure while reading raises :class:`UpstreamBroken` or
     :class:`DispatchTimeout` with phase ``READ_BODY`` (never retried; the
@@ -40,7 +44,6 @@ class ForwardStream:
         "status",
         "headers",
         "engine",
-        "attempts",
         "queue_time",
         "retries",
         "weight_version",
@@ -65,7 +68,6 @@ class ForwardStream:
             self.status = reply.status
             self.headers = strip_response_headers(reply.headers)
             self.engine = reply.engine.url
-        self.attempts = req.attempts
         self.queue_time = req.queue_time
         self.retries = tuple(req.retries) if req.retries else ()
         self.weight_version = req.weight_version  # at dispatch (docs/operations.md)
@@ -76,6 +78,21 @@ class ForwardStream:
         # True once an abort call cut the stream: the next chunk is the abort tail,
         # and an event the chunks before it left unfinished is to be dropped.
         self.cut = False
+
+    @property
+    def attempts(self) -> int:
+        """Engine attempts so far, a continuation's included (docs/operations.md)."""
+        return self._req.attempts
+
+    @property
+    def final_version(self) -> str | None:
+        """``X-Weight-Version`` of the whole answer, as for a non-streamed one: the
+        dispatch version, or both (``"v1, v2"``) when a weight update came while it
+        ran (a keep pause spanned it, or an abort pause continued it). Read once
+        the body has been read."""
+        if self._dispatcher is None:
+            return self.weight_version
+        return version_label(self.weight_version, self._dispatcher.weight_version)
 
     @property
     def engine_time(self) -> float:

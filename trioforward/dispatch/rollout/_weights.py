@@ -49,6 +49,7 @@ from trioforward.errors import PauseOvertaken
 __all__ = [
     "WeightUpdates",
     "EnginePause",
+    "bad_version_reason",
     "version_label",
     "fleet_pause_value",
     "fleet_pause_args",
@@ -88,6 +89,22 @@ def pause_conflict(mode: str, engine_mode: str | None, replay: bool | str | None
             " (or 'mode': \"abort\" without 'engine_mode')",
             "replay",
         )
+    return None
+
+
+def bad_version_reason(value: object) -> str | None:
+    """Why ``value`` is not a weight version (a short phrase), or ``None`` if it is
+    one: printable ASCII of 1..128 characters without a comma. A comma would make
+    one version read as two in ``X-Weight-Version`` (``"step-1, step-2"``, see
+    :func:`version_label`; docs/operations.md)."""
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_VERSION_LENGTH
+        or not (value.isascii() and value.isprintable())
+    ):
+        return f"must be printable ASCII of 1..{MAX_VERSION_LENGTH} characters"
+    if "," in value:
+        return "may not contain a comma (X-Weight-Version separates two versions with one)"
     return None
 
 
@@ -331,15 +348,9 @@ class WeightUpdates:
         ``call_engines=False``: a fleet member's part, the gate only; the member
         that took the resume resumes the engines (:meth:`resume_engines`), so this
         one forgets its own records of them."""
-        if weight_version is not None and (
-            not isinstance(weight_version, str)
-            or not weight_version
-            or len(weight_version) > MAX_VERSION_LENGTH
-            or not (weight_version.isascii() and weight_version.isprintable())
-        ):
-            raise ValueError(
-                f"weight_version must be printable ASCII of 1..{MAX_VERSION_LENGTH} characters"
-            )
+        reason = None if weight_version is None else bad_version_reason(weight_version)
+        if reason is not None:
+            raise ValueError(f"weight_version {reason}")
         paused = [e for e in targets if e.url in self.engine_pauses]
         if not call_engines:
             for engine in paused:

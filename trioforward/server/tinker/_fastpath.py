@@ -168,6 +168,6 @@ async def _deliver(state: TinkerState, future: Future, call: Call) -> None:
 
 
 ROUTES = {
-    ASAMPLE: Route(_asample, empty_body=True),
-    RETRIEVE: Route(_retrieve, empty_body=True),
+    ASAMPLE: Route(_asample, empty_body=True, tinker=True),
+    RETRIEVE: Route(_retrieve, empty_body=True, tinker=True),
 }
