@@ -16,14 +16,13 @@ from trioforward.dispatch.rollout._continue import (
     Generation,
     continuation_body,
     derived,
-    is_length_refusal,
     joined_answer,
     warn_no_token_ids,
 )
 from trioforward.dispatch.rollout._continuing import (
-    continue_each,
-    count_continuation,
-    send_continuation,
+    continue_aborted,
+    continue_piece,
+    loaded,
 )
 
 if TYPE_CHECKING:
@@ -39,11 +38,7 @@ async def continued_answer(dispatcher: Dispatcher, req: Request, reply: Reply) -
     caller replays it whole. Raises :class:`DispatchAborted` past
     ``max_continuations`` and the dispatch errors of a continuation."""
     counts = dispatcher.continued
-    try:
-        doc = orjson.loads(reply.content)
-        body = orjson.loads(req.content)
-    except orjson.JSONDecodeError:
-        return None
+    body, doc = loaded(req, reply) or (None, None)
     if req.url_path != CONTINUABLE_PATH or not isinstance(doc, dict) or not isinstance(body, dict):
         return None
     choices = doc.get("choices")
@@ -61,22 +56,16 @@ async def continued_answer(dispatcher: Dispatcher, req: Request, reply: Reply) -
         gens.append(gen)
         if choice.get("finish_reason") == "abort":
             aborted.append(gen)
-    if not any(g.tokens for g in aborted):
-        counts.whole += 1
-        return None  # nothing generated: a whole replay costs the same
     budget = body.get("max_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool):
         budget = DEFAULT_MAX_TOKENS  # pinned: never the engine's default for a longer prompt
-    counts.answers += 1
-    counts.tokens_kept += sum(len(g.tokens) for g in aborted)
-    refused = await continue_each(
-        aborted, lambda gen, failure: continue_choice(dispatcher, req, body, gen, budget, failure)
+    return await continue_aborted(
+        dispatcher,
+        reply,
+        aborted,
+        lambda gen, failure: continue_choice(dispatcher, req, body, gen, budget, failure),
+        lambda: joined_answer(doc, gens, not req.asked_ids),
     )
-    if refused is not None:
-        return refused
-    ids = not req.asked_ids
-    content = joined_answer(doc, gens, ids)
-    return Reply(reply.engine, reply.status, reply.headers, content, None, reply.deadline)
 
 
 async def continue_choice(
@@ -92,35 +81,33 @@ async def continue_choice(
     fields) until it ends other than by an abort pause, to ``path`` (default the
     request's); a non-2xx answer other than a length refusal goes to
     ``failure``. Raises :class:`DispatchAborted` past ``max_continuations``."""
-    counts = dispatcher.continued
-    while True:
-        left = budget - len(gen.tokens)
-        if left <= 0:
-            gen.end("length")
-            return
-        count_continuation(dispatcher, req, gen)
-        sub = derived(req, continuation_body(body, gen, left), path)
-        answer = await send_continuation(dispatcher, req, sub, gen)
-        if answer is None:
-            continue  # ended by a pause before any token came back: send it again
-        if is_length_refusal(answer.status, answer.content):
-            gen.end("length")  # prompt + tokens so far no longer fit the model
-            return
-        if not 200 <= answer.status < 300:
-            failure.append(answer)
-            return
+    await continue_piece(dispatcher, req, gen, failure, _Completions(req, body, budget, path))
+
+
+class _Completions:
+    """A ``/v1/completions`` choice continued (:class:`~._continuing.Step`)."""
+
+    __slots__ = ("req", "body", "budget", "path")
+
+    def __init__(self, req: Request, body: dict[str, Any], budget: int, path: str | None) -> None:
+        self.req, self.body, self.budget, self.path = req, body, budget, path
+
+    def left(self, gen: Generation) -> int:
+        return self.budget - len(gen.tokens)
+
+    def end_length(self, gen: Generation) -> None:
+        gen.end("length")
+
+    def request(self, gen: Generation, left: int) -> Request:
+        return derived(self.req, continuation_body(self.body, gen, left), self.path)
+
+    def read(self, answer: Reply, sub: Request) -> dict[str, Any] | None:
         try:
             [choice] = orjson.loads(answer.content)["choices"]
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            failure.append(answer)
-            return
-        if not isinstance(choice.get("token_ids"), list):
-            warn_no_token_ids(counts, answer.engine.url)
-            failure.append(answer)
-            return
-        if choice.get("finish_reason") == "abort" and sub.replay is False:
-            raise req.stamp(sub.aborted())  # a pause without replay ended it
-        gen.add(choice, sub.weight_version)
-        if choice.get("finish_reason") != "abort" or sub.replay is None:
-            return
-        counts.tokens_kept += len(choice["token_ids"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError("not a one-choice completion") from exc
+        return choice if isinstance(choice.get("token_ids"), list) else None
+
+    def add(self, gen: Generation, choice: dict[str, Any], version: str | None) -> bool:
+        gen.add(choice, version)
+        return choice.get("finish_reason") == "abort"

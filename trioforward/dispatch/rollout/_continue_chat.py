@@ -39,7 +39,7 @@ from trioforward.dispatch.rollout._continue import (
     warn_no_token_ids,
 )
 from trioforward.dispatch.rollout._continue_answer import continue_choice
-from trioforward.dispatch.rollout._continuing import continue_each
+from trioforward.dispatch.rollout._continuing import continue_aborted, loaded
 
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
@@ -54,11 +54,10 @@ async def continued_chat(dispatcher: Dispatcher, req: Request, reply: Reply) -> 
     ended, made by continuing each aborted choice as a token completion; ``None``
     when it cannot be (see the module): the caller replays it whole."""
     counts = dispatcher.continued
-    try:
-        doc = orjson.loads(reply.content)
-        body = orjson.loads(req.content)
-    except orjson.JSONDecodeError:
+    parsed = loaded(req, reply)
+    if parsed is None:
         return None
+    body, doc = parsed
     if not isinstance(doc, dict) or not isinstance(body, dict):
         counts.whole += 1
         return None
@@ -94,24 +93,16 @@ async def continued_chat(dispatcher: Dispatcher, req: Request, reply: Reply) -> 
             "stop_reason": choice.get("stop_reason"),
         }
         gens.append(Generation(base, prompt, req.weight_version))
-    aborted = [g for g in gens if g.finish == "abort"]
-    if not any(g.tokens for g in aborted):
-        counts.whole += 1
-        return None
-    k = top_k(body)
     completion = tokens_body(body)
-    counts.answers += 1
-    counts.tokens_kept += sum(len(g.tokens) for g in aborted)
-    refused = await continue_each(
-        aborted,
+    return await continue_aborted(
+        dispatcher,
+        reply,
+        [g for g in gens if g.finish == "abort"],
         lambda gen, failure: continue_choice(
             dispatcher, req, completion, gen, budget, failure, CONTINUABLE_PATH
         ),
+        lambda: _joined(doc, gens, top_k(body), not req.asked_ids),
     )
-    if refused is not None:
-        return refused
-    content = _joined(doc, gens, k, not req.asked_ids)
-    return Reply(reply.engine, reply.status, reply.headers, content, None, reply.deadline)
 
 
 def _joined(doc: dict[str, Any], gens: list[Generation], k: int, ids: bool) -> bytes:

@@ -48,11 +48,11 @@ from trioforward.dispatch.dialects._continue_shapes import (
     Sglang,
     Vllm,
 )
-from trioforward.dispatch.rollout._continue import derived, is_length_refusal, warn_no_token_ids
+from trioforward.dispatch.rollout._continue import derived, warn_no_token_ids
 from trioforward.dispatch.rollout._continuing import (
-    continue_each,
-    count_continuation,
-    send_continuation,
+    continue_aborted,
+    continue_piece,
+    loaded,
 )
 
 if TYPE_CHECKING:
@@ -69,29 +69,22 @@ async def continued_native(dispatcher: Dispatcher, req: Request, reply: Reply) -
     and the dispatch errors of a continuation."""
     route = Sglang if req.url_path == SGLANG else Vllm
     counts = dispatcher.continued
-    try:
-        body = orjson.loads(req.content)
-        doc = orjson.loads(reply.content)
-    except orjson.JSONDecodeError:
+    parsed = loaded(req, reply)
+    if parsed is None:
         return None
+    body, doc = parsed
     seqs = route.sequences(body, doc, req.weight_version) if isinstance(body, dict) else None
     if seqs is None:
         warn_no_token_ids(counts, reply.engine.url)
         counts.whole += 1
         return None
-    aborted = [s for s in seqs if route.aborted(s)]
-    if not any(s.tokens for s in aborted):
-        counts.whole += 1
-        return None
-    counts.answers += 1
-    counts.tokens_kept += sum(len(s.tokens) for s in aborted)
-    refused = await continue_each(
-        aborted, lambda seq, failure: _continue(dispatcher, req, route, body, seq, failure)
+    return await continue_aborted(
+        dispatcher,
+        reply,
+        [s for s in seqs if route.aborted(s)],
+        lambda seq, failure: _continue(dispatcher, req, route, body, seq, failure),
+        lambda: route.joined(doc, seqs),
     )
-    if refused is not None:
-        return refused
-    content = route.joined(doc, seqs)
-    return Reply(reply.engine, reply.status, reply.headers, content, None, reply.deadline)
 
 
 async def _continue(
@@ -102,15 +95,27 @@ async def _continue(
     seq: Sequence,
     failure: list[Reply],
 ) -> None:
-    counts = dispatcher.continued
-    path = req.url_path
-    while True:
-        left = seq.left()
-        if isinstance(left, int) and left <= 0:
-            route.end_length(seq)
-            return
-        count_continuation(dispatcher, req, seq)
-        sub_body = route.body(body, seq, left)
+    await continue_piece(dispatcher, req, seq, failure, _Native(req, route, body))
+
+
+class _Native:
+    """One token-route sequence continued (:class:`~._continuing.Step`), in ``route``'s
+    shape (:class:`~trioforward.dispatch.dialects._continue_shapes.Sglang` or ``Vllm``)."""
+
+    __slots__ = ("req", "route", "body")
+
+    def __init__(self, req: Request, route: Any, body: dict[str, Any]) -> None:
+        self.req, self.route, self.body = req, route, body
+
+    def left(self, seq: Sequence) -> Any:
+        return seq.left()
+
+    def end_length(self, seq: Sequence) -> None:
+        self.route.end_length(seq)
+
+    def request(self, seq: Sequence, left: Any) -> Request:
+        req, path = self.req, self.req.url_path
+        sub_body = self.route.body(self.body, seq, left)
         sub = derived(req, orjson.dumps(sub_body))
         sub.only = req.only
         if path == SGLANG:
@@ -118,30 +123,15 @@ async def _continue(
                 path,
                 orjson.dumps({**b, "rid": engine_id}),
             )
-        answer = await send_continuation(dispatcher, req, sub, seq)
-        if answer is None:
-            continue  # ended by a pause before any token came back: send it again
-        if is_length_refusal(answer.status, answer.content):
-            route.end_length(seq)  # prompt + tokens so far no longer fit the model
-            return
-        if not 200 <= answer.status < 300:
-            failure.append(answer)
-            return
+        return sub
+
+    def read(self, answer: Reply, sub: Request) -> Any:
         try:
-            got = route.read(answer.content)
+            got = self.route.read(answer.content)
         except orjson.JSONDecodeError:
-            got = None
-        if got is None:
-            warn_no_token_ids(counts, answer.engine.url)
-            failure.append(answer)
-            return
-        item, _ = got
-        before = len(seq.tokens)
-        route.add(seq, item, sub.weight_version)
-        if not route.aborted(seq):
-            return
-        if sub.replay is False:
-            raise req.stamp(sub.aborted())  # a pause without replay ended it
-        if sub.replay is None:
-            return  # an abort answer of another cause: the caller's
-        counts.tokens_kept += len(seq.tokens) - before
+            return None
+        return None if got is None else got[0]
+
+    def add(self, seq: Sequence, item: Any, version: str | None) -> bool:
+        self.route.add(seq, item, version)
+        return bool(self.route.aborted(seq))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -21,11 +21,10 @@ from trioforward.codec import UNVERSIONED, CodecError, Completion, span_version
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects import _dialect_completions
-from trioforward.dispatch.rollout._continue import derived, is_length_refusal, warn_no_token_ids
+from trioforward.dispatch.rollout._continue import derived
 from trioforward.dispatch.rollout._continuing import (
-    continue_each,
-    count_continuation,
-    send_continuation,
+    continue_aborted,
+    continue_piece,
 )
 
 if TYPE_CHECKING:
@@ -100,71 +99,72 @@ async def continued_tokens(
     """The joined answer of token-level ``req`` (its abort answer ``completion``),
     or ``None`` when nothing was generated yet (replay it whole)."""
     render: Any = req.render
-    counts = dispatcher.continued
     base = render.request
     choices = [_Choice(c, list(base.prompt), req.weight_version) for c in completion.choices]
-    aborted = [c for c in choices if c.finish == "abort"]
-    if not any(c.tokens for c in aborted):
-        counts.whole += 1
-        return None
-    counts.answers += 1
-    counts.tokens_kept += sum(len(c.tokens) for c in aborted)
-    refused = await continue_each(
-        aborted, lambda choice, failure: _continue(dispatcher, req, choice, failure)
+
+    def joined() -> bytes:
+        use = dict(completion.usage)
+        generated = sum(len(c.tokens) for c in choices)
+        prompt = int(use.get("prompt_tokens") or len(base.prompt))
+        use.update(prompt_tokens=prompt, completion_tokens=generated, total_tokens=prompt + generated)
+        render.dialect = _dialect_completions  # the joined answer is in the completions shape
+        return orjson.dumps(
+            {
+                "id": completion.id,
+                "object": "text_completion",
+                "model": completion.model or base.model,
+                "choices": [c.rendered() for c in choices],
+                "usage": use,
+            }
+        )
+
+    return await continue_aborted(
+        dispatcher,
+        reply,
+        [c for c in choices if c.finish == "abort"],
+        lambda choice, failure: _continue(dispatcher, req, choice, failure),
+        joined,
     )
-    if refused is not None:
-        return refused
-    use = dict(completion.usage)
-    generated = sum(len(c.tokens) for c in choices)
-    prompt = int(use.get("prompt_tokens") or len(base.prompt))
-    use.update(prompt_tokens=prompt, completion_tokens=generated, total_tokens=prompt + generated)
-    doc = {
-        "id": completion.id,
-        "object": "text_completion",
-        "model": completion.model or base.model,
-        "choices": [c.rendered() for c in choices],
-        "usage": use,
-    }
-    render.dialect = _dialect_completions
-    return Reply(reply.engine, reply.status, reply.headers, orjson.dumps(doc), None, reply.deadline)
 
 
 async def _continue(dispatcher: Dispatcher, req: Request, choice: _Choice, failure: list[Reply]) -> None:
-    from trioforward.dispatch.dialects._complete import Rendering
+    await continue_piece(dispatcher, req, choice, failure, _Tokens(req))
 
-    render: Any = req.render
-    base = render.request
-    while True:
-        left = base.max_tokens - len(choice.tokens)
-        if left <= 0:
-            choice.finish, choice.stop = "length", None
-            return
-        count_continuation(dispatcher, req, choice)
+
+class _Tokens:
+    """A token-level choice continued through the dialect seam (:class:`~._continuing.Step`)."""
+
+    __slots__ = ("req", "base")
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.base = cast(Any, req.render).request
+
+    def left(self, choice: _Choice) -> int:
+        return int(self.base.max_tokens) - len(choice.tokens)
+
+    def end_length(self, choice: _Choice) -> None:
+        choice.finish, choice.stop = "length", None
+
+    def request(self, choice: _Choice, left: int) -> Request:
+        from trioforward.dispatch.dialects._complete import Rendering
+
         token_req = dataclasses.replace(
-            base, prompt=choice.prompt + choice.tokens, max_tokens=left, n=1, request_id=None,
-            prompt_logprobs=False, extra=dict(base.extra),
-        )
+            self.base, prompt=choice.prompt + choice.tokens, max_tokens=left, n=1,
+            request_id=None, prompt_logprobs=False, extra=dict(self.base.extra),
+        )  # fmt: skip
         content = _dialect_completions.render(token_req, "")[1]
-        sub = derived(req, content)
-        sub_render = sub.render = Rendering(token_req, content)
-        answer = await send_continuation(dispatcher, req, sub, choice)
-        if answer is None:
-            continue  # ended by a pause before any token came back: send it again
-        if is_length_refusal(answer.status, answer.content):
-            choice.finish, choice.stop = "length", None
-            return
-        if not 200 <= answer.status < 300:
-            failure.append(answer)
-            return
+        sub = derived(self.req, content)
+        sub.render = Rendering(token_req, content)
+        return sub
+
+    def read(self, answer: Reply, sub: Request) -> Any:
         try:
-            [got] = sub_render.parse(answer.content, sub.weight_version).choices
+            [got] = cast(Any, sub.render).parse(answer.content, sub.weight_version).choices
         except (CodecError, ValueError):
-            warn_no_token_ids(dispatcher.continued, answer.engine.url)
-            failure.append(answer)
-            return
-        if got.finish_reason == "abort" and sub.replay is False:
-            raise req.stamp(sub.aborted())
-        choice.add(got, sub.weight_version)
-        if got.finish_reason != "abort" or sub.replay is None:
-            return
-        dispatcher.continued.tokens_kept += len(got.tokens)
+            return None
+        return got
+
+    def add(self, choice: _Choice, got: Any, version: str | None) -> bool:
+        choice.add(got, version)
+        return bool(got.finish_reason == "abort")

@@ -9,19 +9,129 @@ count (int, continuations made so far).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import orjson
 import trio
 
 from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.rollout._continue import is_length_refusal, warn_no_token_ids
 from trioforward.errors import ContinuationLimit, DispatchAborted, TrioforwardError, UpstreamBroken
 
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
 
 T = TypeVar("T")
+
+
+class Piece(Protocol):
+    """One aborted choice or sequence: its tokens so far and its continuations."""
+
+    tokens: list[int]
+    continuations: int
+
+
+P = TypeVar("P", bound=Piece)
+P_in = TypeVar("P_in", bound=Piece, contravariant=True)
+
+
+class Step(Protocol[P_in]):
+    """What one route's continuation loop (:func:`continue_piece`) asks of its shape."""
+
+    def left(self, piece: P_in) -> Any:
+        """The budget left (an int; anything else: no budget to count down)."""
+
+    def end_length(self, piece: P_in) -> None:
+        """End ``piece`` with ``finish_reason: "length"``."""
+
+    def request(self, piece: P_in, left: Any) -> Request:
+        """The request continuing ``piece`` with ``left`` tokens to go."""
+
+    def read(self, answer: Reply, sub: Request) -> Any:
+        """The one segment of a 2xx ``answer`` to ``sub``; ``None`` when it carries no
+        token ids; raises ``ValueError`` when it cannot be read at all."""
+
+    def add(self, piece: P_in, segment: Any, version: str | None) -> bool:
+        """Append ``segment`` (made under ``version``) to ``piece``; True when an abort
+        ended it."""
+
+
+async def continue_piece(
+    dispatcher: Dispatcher, req: Request, piece: P, failure: list[Reply], step: Step[P]
+) -> None:
+    """Send ``piece`` again until it ends other than by an abort pause: the one
+    continue loop of every whole answer's route (``step``: the route's shape). A
+    non-2xx answer other than a length refusal, or one ``step`` cannot read, goes
+    to ``failure``. Raises :class:`DispatchAborted` past ``max_continuations`` or
+    when a pause without replay ended a continuation."""
+    counts = dispatcher.continued
+    while True:
+        left = step.left(piece)
+        if isinstance(left, int) and left <= 0:
+            step.end_length(piece)
+            return
+        count_continuation(dispatcher, req, piece)
+        sub = step.request(piece, left)
+        answer = await send_continuation(dispatcher, req, sub, piece)
+        if answer is None:
+            continue  # ended by a pause before any token came back: send it again
+        if is_length_refusal(answer.status, answer.content):
+            step.end_length(piece)  # prompt + tokens so far no longer fit the model
+            return
+        if not 200 <= answer.status < 300:
+            failure.append(answer)
+            return
+        try:
+            segment = step.read(answer, sub)
+        except ValueError:
+            failure.append(answer)
+            return
+        if segment is None:
+            warn_no_token_ids(counts, answer.engine.url)
+            failure.append(answer)
+            return
+        before = len(piece.tokens)
+        if not step.add(piece, segment, sub.weight_version):
+            return
+        if sub.replay is False:
+            raise req.stamp(sub.aborted())  # a pause without replay ended it
+        if sub.replay is None:
+            return  # an abort answer of another cause: the caller's
+        counts.tokens_kept += len(piece.tokens) - before
+
+
+def loaded(req: Request, reply: Reply) -> tuple[Any, Any] | None:
+    """``(body, answer)``: the caller's request body and the engine's answer, parsed;
+    ``None`` when either is not JSON (the caller replays it whole)."""
+    try:
+        return orjson.loads(req.content), orjson.loads(reply.content)
+    except orjson.JSONDecodeError:
+        return None
+
+
+async def continue_aborted(
+    dispatcher: Dispatcher,
+    reply: Reply,
+    aborted: list[P],
+    one: Callable[[P, list[Reply]], Awaitable[None]],
+    joined: Callable[[], bytes],
+) -> Reply | None:
+    """Continue every ``aborted`` piece of the answer ``reply`` with ``one`` (as
+    :func:`continue_each`) and answer ``joined()`` in ``reply``'s envelope; the
+    first refusal instead; ``None`` when no piece generated a token yet (a whole
+    replay costs the same). Counts ``answers``, ``tokens_kept`` and ``whole``."""
+    counts = dispatcher.continued
+    if not any(p.tokens for p in aborted):
+        counts.whole += 1
+        return None
+    counts.answers += 1
+    counts.tokens_kept += sum(len(p.tokens) for p in aborted)
+    refused = await continue_each(aborted, one)
+    if refused is not None:
+        return refused
+    return Reply(reply.engine, reply.status, reply.headers, joined(), None, reply.deadline)
 
 
 async def continue_each(
