@@ -46,7 +46,8 @@ import trio.testing
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-VLLM_PYTHON = os.environ.get("TRIOFORWARD_VLLM_PYTHON", "/work/main/.nox/real_engine/bin/python")
+# vLLM's interpreter: `nox -s real_engine`'s environment, or TRIOFORWARD_VLLM_PYTHON
+VLLM_PYTHON = os.environ.get("TRIOFORWARD_VLLM_PYTHON", str(ROOT / ".nox" / "real_engine" / "bin" / "python"))
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
 BATCHES = (1, 8, 32, 64)
