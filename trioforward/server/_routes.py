@@ -14,6 +14,7 @@ from trioforward.server._admin_routes import install_admin_routes, json_response
 from trioforward.server._metrics import CONTENT_TYPE_LATEST
 from trioforward.server._router_compat import install_router_routes
 from trioforward.server._state import STATE_KEY, GatewayState, get_state
+from trioforward.server.engine_api import install_engine_routes
 
 __all__ = ["install_routes"]
 
@@ -89,3 +90,4 @@ def install_routes(app: QuartTrio) -> None:
 
     install_admin_routes(app)
     install_router_routes(app)  # SGLang router's worker routes (slime: _router_compat.py)
+    install_engine_routes(app)  # the engines' own control routes (engine_api/)
