@@ -27,7 +27,12 @@ import trio
 from trioforward import Phase
 from trioforward.errors import EngineRejected, TrioforwardError, UpstreamBroken
 from trioforward.server._asgi import Call, Outcome, Route, Send, respond, send_start
-from trioforward.server._errors import RequestError, dispatch_error_body, dispatch_error_headers, passed_on
+from trioforward.server._errors import (
+    RequestError,
+    dispatch_error_body,
+    dispatch_error_headers,
+    passed_on,
+)
 from trioforward.server._served_model import fill_model
 from trioforward.server._state import GatewayState
 from trioforward.server._timing import server_timing
