@@ -51,7 +51,7 @@ def _completion_rules(choice_logprobs: dict[str, Any], ids: list[int] | None, st
     # text_offset advances by the placeholder's length, not the text's.
     offsets = choice_logprobs["text_offset"]
     assert offsets[0] == start
-    assert [b - a for a, b in zip(offsets, offsets[1:])] == [len(t) for t in tokens[:-1]]
+    assert [b - a for a, b in zip(offsets, offsets[1:], strict=False)] == [len(t) for t in tokens[:-1]]
     for top in choice_logprobs["top_logprobs"]:
         assert top and all(PLACEHOLDER.fullmatch(k) for k in top)
 
