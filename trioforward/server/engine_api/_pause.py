@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from trioforward.server._admin_routes import _fleet_pause, _fleet_wide
 from trioforward.server._state import GatewayState
-from trioforward.server.engine_api._push import engines_of, pending
+from trioforward.server.engine_api._push import engines_of, kinds_known, pending
 
 __all__ = ["pause_kind", "resume_kind", "is_paused"]
 
@@ -18,6 +18,7 @@ async def pause_kind(state: GatewayState, kind: str, engine_mode: str, replay: b
     ``wait``, ``abort``) with ``replay``; the engines' URLs. Engines already
     paused at the engine level keep their pause. Raises :class:`LookupError`
     when none is registered, :class:`~trioforward.errors.EngineControlError`."""
+    await kinds_known(state)
     urls = [e.url for e in engines_of(state, kind)]
     if not urls:
         raise LookupError(kind)
@@ -36,6 +37,7 @@ async def resume_kind(state: GatewayState, kind: str, version: str | None) -> li
     version a push inside the pause named (``_push.Pending``) — then open the
     gate; the engines' URLs. Raises :class:`LookupError` when none is registered,
     :class:`~trioforward.errors.EngineControlError`."""
+    await kinds_known(state)
     urls = [e.url for e in engines_of(state, kind)]
     if not urls:
         raise LookupError(kind)

@@ -37,7 +37,7 @@ from trioforward.dispatch import EngineInfo
 from trioforward.errors import EngineControlError
 from trioforward.server._state import GatewayState
 
-__all__ = ["EngineResult", "Pending", "PushOutcome", "engines_of", "fan_out", "push", "pending"]
+__all__ = ["EngineResult", "Pending", "PushOutcome", "engines_of", "fan_out", "kinds_known", "push", "pending"]
 
 log = logging.getLogger("trioforward.server")
 
@@ -100,6 +100,18 @@ def engines_of(state: GatewayState, kind: str) -> list[EngineInfo]:
     return [e for e in state.client.engines.list() if e.kind == kind]
 
 
+async def kinds_known(state: GatewayState) -> None:
+    """Wait, at most ``health_timeout`` seconds, until every registered engine's
+    kind is known (detected once after it is added: docs/operations.md, "Engine
+    kinds"), so that a control call made right after startup reaches every
+    engine of its kind. One still unknown then is left out of the call."""
+    engines = state.client.engines
+    with trio.move_on_after(state.settings.health_timeout):
+        for info in engines.list():
+            if info.kind is None:
+                await engines.wait_kind(info.url)
+
+
 async def fan_out(
     state: GatewayState, urls: list[str], method: str, path: str, body: Any, seconds: float | None = None
 ) -> list[EngineResult]:
@@ -146,8 +158,10 @@ async def push(
     push succeeded back (None: cannot be undone). Raises :class:`LookupError` when
     no engine of ``kind`` is registered.
     """
+    # Imported here: _pause reads this module's Pending, this one calls its pause.
     from trioforward.server.engine_api._pause import pause_kind, resume_kind
 
+    await kinds_known(state)
     targets = engines_of(state, kind)
     if not targets:
         raise LookupError(kind)

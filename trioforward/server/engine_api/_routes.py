@@ -46,7 +46,14 @@ from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._state import GatewayState, get_state
 from trioforward.server._validate import parse_body
 from trioforward.server.engine_api._pause import is_paused, pause_kind, resume_kind
-from trioforward.server.engine_api._push import EngineResult, PushOutcome, engines_of, fan_out, push
+from trioforward.server.engine_api._push import (
+    EngineResult,
+    PushOutcome,
+    engines_of,
+    fan_out,
+    kinds_known,
+    push,
+)
 
 __all__ = ["install_engine_routes", "ENGINE_ROUTES"]
 
@@ -180,6 +187,7 @@ def install_engine_routes(app: QuartTrio) -> None:
     @app.route("/flush_cache", methods=["GET", "POST"])
     async def sglang_flush_cache() -> Response:
         state = get_state()
+        await kinds_known(state)
         urls = [e.url for e in engines_of(state, "sglang")]
         if not urls:
             raise _none_of("sglang")
@@ -195,6 +203,7 @@ def install_engine_routes(app: QuartTrio) -> None:
     @app.get("/get_model_info")
     async def sglang_model_info() -> Response:
         state = get_state()
+        await kinds_known(state)
         engines = [e for e in engines_of(state, "sglang") if e.healthy] or engines_of(state, "sglang")
         if not engines:
             raise _none_of("sglang")
@@ -228,6 +237,7 @@ def install_engine_routes(app: QuartTrio) -> None:
     @app.get("/is_paused")
     async def vllm_is_paused() -> Response:
         state = get_state()
+        await kinds_known(state)
         if not engines_of(state, "vllm"):
             raise _none_of("vllm")
         return json_response({"is_paused": is_paused(state, "vllm")})
@@ -245,6 +255,7 @@ def _vllm_push(path: str, fields: tuple[str, ...]) -> Any:
         state = get_state()
         data = await _body(*fields)
         version = _version_of(data, "weight_version")
+        await kinds_known(state)
         urls = [e.url for e in engines_of(state, "vllm")]
         if not urls:
             raise _none_of("vllm")
