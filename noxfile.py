@@ -1,8 +1,9 @@
-"""nox sessions: tests, tests_pure_h11, lint, typecheck, bench, real_engine."""
+"""nox sessions: tests, tests_pure_h11, lint, typecheck, bench, real_engine, clients."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import nox
 
@@ -74,4 +75,33 @@ def real_engine(session: nox.Session) -> None:
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/real_engine",
         f"--basetemp={basetemp}", "-o", "timeout=900", *session.posargs,
         env={"TRIOFORWARD_REAL_ENGINE": "1"},
+    )
+
+
+# The RL stacks' own clients (docs/compatibility.md, "The RL stacks' own clients"), in a
+# venv of their own: the gateway and the sims run as processes of the Python that runs
+# nox (TRIOFORWARD_GATEWAY_PYTHON), so nothing here touches the gateway's environment.
+# AReaL is installed without its dependencies (they pin a CUDA torch and a training
+# stack), plus exactly what areal.engine.sglang_remote and vllm_remote import; torch is
+# the CPU build on this machine's disk (2.13.0: a looser pin would fetch a CUDA build).
+CLIENTS_TORCH = "torch==2.13.0"
+CLIENTS_AREAL = "areal==1.0.4"
+CLIENTS_AREAL_IMPORTS = [
+    "aiohttp", "aiofiles", "colorlog", "einops", "flask", "httpx", "hydra-core", "lark",
+    "numba", "openai", "orjson", "pillow", "pybase64", "pyyaml", "ray", "tenacity",
+    "torchdata", "transformers", "uvloop",
+]  # fmt: skip
+
+
+@nox.session
+def clients(session: nox.Session) -> None:
+    """tests/clients/: AReaL's remote engines against `trioforward serve` over the sims."""
+    session.install(CLIENTS_TORCH)
+    session.install("--no-deps", CLIENTS_AREAL)
+    session.install(*CLIENTS_AREAL_IMPORTS, "pytest")
+    gateway_python = sys.executable  # nox's own, where trioforward is installed
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/clients",
+        "--confcutdir=tests/clients", "-o", "trio_mode=false", *session.posargs,
+        env={"TRIOFORWARD_GATEWAY_PYTHON": gateway_python, "TRIOFORWARD_CLIENTS": "1"},
     )

@@ -35,3 +35,6 @@ def fd_baseline() -> Iterator[int]:
 # tests/real_engine/ needs a live vLLM and its own virtualenv: `nox -s real_engine`
 # (docs/compatibility.md) sets TRIOFORWARD_REAL_ENGINE=1; the ordinary run skips it.
 collect_ignore = [] if os.environ.get("TRIOFORWARD_REAL_ENGINE") else ["real_engine"]
+# tests/clients/ needs the RL clients' own virtualenv: `nox -s clients` (docs/compatibility.md).
+if not os.environ.get("TRIOFORWARD_CLIENTS"):
+    collect_ignore.append("clients")

@@ -105,6 +105,19 @@ PROBES: list[Probe] = [
     Probe("completion_logprobs_false", C, _cmpl(logprobs=False, max_tokens=3)),
     Probe("chat", CHAT, _chat(logprobs=True, top_logprobs=1, return_token_ids=True)),
     Probe("chat_stream", CHAT, _chat(stream=True, stream_options=USAGE, max_tokens=4), stream=True),
+    # return_tokens_as_token_ids: logprob tokens as "token_id:<id>" (AReaL asks for it)
+    Probe(
+        "completion_tokens_as_ids",
+        C,
+        _cmpl(logprobs=1, return_token_ids=True, return_tokens_as_token_ids=True),
+    ),
+    Probe(
+        "completion_stream_tokens_as_ids",
+        C,
+        _cmpl(stream=True, logprobs=1, max_tokens=4, return_tokens_as_token_ids=True),
+        stream=True,
+    ),
+    Probe("chat_tokens_as_ids", CHAT, _chat(logprobs=True, top_logprobs=1, return_tokens_as_token_ids=True)),
     Probe("no_model_field", C, {"prompt": "Hi", "max_tokens": 2}),
     Probe("err_unknown_model", C, _cmpl(model="nope")),
     Probe("err_unknown_model_chat", CHAT, _chat(model="nope")),
@@ -126,6 +139,8 @@ PROBES: list[Probe] = [
     Probe("tokens_generate_logprobs", GEN, {**_tokens(logprobs=1), "request_id": "probe-lp"}),
     Probe("tokens_generate_n2_seed", GEN, _tokens(n=2, seed=7, temperature=1.0, max_tokens=4)),
     Probe("tokens_generate_model", GEN, {**_tokens(max_tokens=2), "model": MODEL}),
+    # Not a field of the token route: ignored, its logprobs keep integer token_id.
+    Probe("tokens_generate_tokens_as_ids", GEN, {**_tokens(logprobs=1), "return_tokens_as_token_ids": True}),
     Probe(
         "tokens_generate_stream",
         GEN,

@@ -6,7 +6,8 @@
   ``keys``; the key names the request's tenant.
 - ``/api/v1/*`` (Tinker API): ``X-API-Key: <key>`` (what the tinker SDK sends);
   a Bearer key is accepted too.
-- ``/admin/*``: ``Authorization: Bearer <admin_token>``.
+- ``/admin/*``, the router's worker routes and the engines' own control routes
+  (``engine_api/``): ``Authorization: Bearer <admin_token>``.
 - ``/health``, ``/livez``, ``/readyz`` and ``/metrics`` are open (probes and scrapers).
 
 With no keys configured the client paths are open (one tenant); with no admin
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from trioforward import Settings
 from trioforward.dispatch import Tenant, TenantTable
 from trioforward.server._errors import RequestError
+from trioforward.server.engine_api._routes import ENGINE_ROUTES
 
 __all__ = ["check_auth"]
 
@@ -49,6 +51,9 @@ _TOKEN_ROUTES = frozenset(
     {"/generate", "/inference/v1/generate", "/abort_request", "/inference/v1/abort_requests"}
 )
 
+# _router_compat's worker routes and the engines' own control routes (engine_api/).
+_ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker"}) | ENGINE_ROUTES
+
 
 def check_auth(
     settings: Settings, path: str, header: Callable[[str], str | None], tenants: TenantTable
@@ -71,7 +76,7 @@ def check_auth(
             if tenant is None:
                 raise _unauthorized("a valid API key is required: X-API-Key: <key>")
             return tenant
-    elif path.startswith("/admin") or path in ("/add_worker", "/remove_worker"):  # _router_compat
+    elif path.startswith("/admin") or path in _ADMIN_PATHS:
         if settings.admin_token is not None:
             if not _matches(_bearer(header("authorization")), (settings.admin_token,)):
                 raise _unauthorized("the admin token is required: Authorization: Bearer <token>")

@@ -27,7 +27,13 @@ import trio
 from trioforward import Phase
 from trioforward.errors import EngineRejected, TrioforwardError, UpstreamBroken
 from trioforward.server._asgi import Call, Outcome, Route, Send, respond, send_start
-from trioforward.server._errors import dispatch_error_body, dispatch_error_headers, passed_on
+from trioforward.server._errors import (
+    RequestError,
+    dispatch_error_body,
+    dispatch_error_headers,
+    passed_on,
+)
+from trioforward.server._served_model import fill_model
 from trioforward.server._sessions import session_turn
 from trioforward.server._state import GatewayState
 from trioforward.server._timing import server_timing
@@ -69,6 +75,8 @@ def _start(call: Call) -> Awaitable[None]:
     }
     if forward["session"] is not None and call.path == "/v1/chat/completions" and _in_session(call):
         return session_turn(call, forward)  # an agent session's turn: docs/sessions.md
+    if not call.data.get("model"):
+        return _without_model(call, forward)
     if call.data.get("stream"):
         return _relay_stream(call.state, call.path, forward, call.send, log)
     return _forward(call.state, call.path, forward, call.send, log)
@@ -76,6 +84,23 @@ def _start(call: Call) -> Awaitable[None]:
 
 def _in_session(call: Call) -> bool:
     return bool(call.state.settings.chat_sessions) and session_servable(call.data)
+
+
+async def _without_model(call: Call, forward: dict[str, Any]) -> None:
+    """A body without ``model``: given the one served model first (_served_model.py)."""
+    try:
+        filled = await fill_model(call.state, call.data)
+    except RequestError as err:
+        call.log.status, call.log.error = err.status, err.code
+        call.log.complete = True
+        await respond(call.send, err.status, err.body(), extra=(_id_header(call.log),))
+        return
+    if filled:
+        forward["content"] = orjson.dumps(call.data)
+    if call.data.get("stream"):
+        await _relay_stream(call.state, call.path, forward, call.send, call.log)
+    else:
+        await _forward(call.state, call.path, forward, call.send, call.log)
 
 
 ROUTES = {

@@ -15,6 +15,7 @@ from trioforward.server._metrics import CONTENT_TYPE_LATEST
 from trioforward.server._router_compat import install_router_routes
 from trioforward.server._sessions import install_session_routes
 from trioforward.server._state import STATE_KEY, GatewayState, get_state
+from trioforward.server.engine_api import install_engine_routes
 
 __all__ = ["install_routes"]
 
@@ -91,3 +92,4 @@ def install_routes(app: QuartTrio) -> None:
     install_admin_routes(app)
     install_router_routes(app)  # SGLang router's worker routes (slime: _router_compat.py)
     install_session_routes(app)  # agent sessions (docs/sessions.md)
+    install_engine_routes(app)  # the engines' own control routes (engine_api/)

@@ -2,7 +2,7 @@
 
 Only what the gateway itself relies on, or what would waste an engine round trip
 when wrong, is checked: the JSON shape, the fields a request cannot do without
-(``model``; ``prompt`` for completions; ``messages`` for chat) and the types of the
+(``prompt`` for completions; ``messages`` for chat) and the types of the
 fields that change how the gateway handles the request (``stream``, ``n``,
 ``max_tokens``) or that vLLM would reject anyway. Everything else goes to the
 engine untouched: its own 400 comes back verbatim. Every failure is a
@@ -76,10 +76,9 @@ def _is_number(value: object) -> bool:
 
 def _check_common(data: dict[str, Any]) -> None:
     model = data.get("model")
-    if model is None:
-        raise bad_request("missing required field 'model'", "model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' must be a non-empty string", "model")
+    # Absent, null or "": the one served model, as vLLM (_served_model.py).
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
     stream = data.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", "stream")

@@ -76,6 +76,8 @@ class Generation:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     return_token_ids: bool = False
+    # vLLM's return_tokens_as_token_ids: logprob tokens as "token_id:<id>" (token_text)
+    tokens_as_ids: bool = False
     stream: bool = False
     include_usage: bool = False
     #: The name the answer's ``model`` echoes when it is not ``model`` (SGLang's
@@ -230,6 +232,7 @@ def parse_generation(
         gen.logprobs = _int(body, "logprobs", None, 0, _MAX_LOGPROBS)
     gen.prompt_logprobs = _int(body, "prompt_logprobs", None, 0, _MAX_LOGPROBS)
     gen.return_token_ids = bool(body.get("return_token_ids", False))
+    gen.tokens_as_ids = bool(body.get("return_tokens_as_token_ids", False))
     gen.stream = bool(body.get("stream", False))
     options = body.get("stream_options")
     gen.include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -241,12 +244,30 @@ def parse_generation(
     return gen
 
 
-def completion_logprobs(s: Sample, k: int, start: int = 0, offset: int = 0) -> dict[str, Any]:
+def token_text(token: int, as_ids: bool = False) -> str:
+    """A token as vLLM's logprobs name it: its text (``" t<id>"``), or with
+    ``return_tokens_as_token_ids`` the placeholder ``"token_id:<id>"`` (vLLM 0.32
+    ``entrypoints/generate/base/serving.py``, ``format_token_id_placeholder``)."""
+    return f"token_id:{token}" if as_ids else f" t{token}"
+
+
+def _top(token: int, logprob: float, k: int, as_ids: bool) -> dict[str, float]:
+    top = expected_top_logprobs(token, logprob, k)
+    if not as_ids:
+        return top
+    return {f"token_id:{key[2:]}": value for key, value in top.items()}
+
+
+def completion_logprobs(
+    s: Sample, k: int, start: int = 0, offset: int = 0, as_ids: bool = False
+) -> dict[str, Any]:
     """A completion choice's ``logprobs`` object for tokens ``start:`` of ``s``, top-``k``.
 
-    ``text_offset`` counts from ``offset``; ``top_logprobs`` maps token texts to logprobs.
+    ``text_offset`` counts from ``offset`` by the length of each token string (the
+    placeholders' with ``as_ids``, as vLLM 0.32 ``_create_completion_logprobs``);
+    ``top_logprobs`` maps token strings to logprobs.
     """
-    texts = [f" t{t}" for t in s.tokens[start:]]
+    texts = [token_text(t, as_ids) for t in s.tokens[start:]]
     offsets = []
     for t in texts:
         offsets.append(offset)
@@ -256,23 +277,28 @@ def completion_logprobs(s: Sample, k: int, start: int = 0, offset: int = 0) -> d
         "token_logprobs": s.logprobs[start:],
         "tokens": texts,
         "top_logprobs": [
-            expected_top_logprobs(t, lp, k)
-            for t, lp in zip(s.tokens[start:], s.logprobs[start:], strict=True)
+            _top(t, lp, k, as_ids) for t, lp in zip(s.tokens[start:], s.logprobs[start:], strict=True)
         ],
     }
 
 
-def chat_logprobs(tokens: Sequence[int], logprobs: Sequence[float], k: int) -> dict[str, Any]:
-    """A chat choice's ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+def chat_logprobs(
+    tokens: Sequence[int], logprobs: Sequence[float], k: int, as_ids: bool = False
+) -> dict[str, Any]:
+    """A chat choice's ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``.
+
+    With ``as_ids`` every ``token`` is ``"token_id:<id>"``; a content entry's
+    ``bytes`` stay the decoded text's, a top entry's are the placeholder's (vLLM
+    0.32 ``_create_chat_logprobs`` / ``_get_top_logprobs``)."""
     content = []
     for t, lp in zip(tokens, logprobs, strict=True):
         text = f" t{t}"
         top = [
             {"token": tt, "logprob": tl, "bytes": list(tt.encode())}
-            for tt, tl in list(expected_top_logprobs(t, lp, k).items())[:k]
+            for tt, tl in list(_top(t, lp, k, as_ids).items())[:k]
         ]
         content.append(
-            {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top}
+            {"token": token_text(t, as_ids), "logprob": lp, "bytes": list(text.encode()), "top_logprobs": top}
         )
     return {"content": content}
 
@@ -327,10 +353,10 @@ def complete_body(gen: Generation, samples: list[Sample], rid: str, created: int
     for index, s in enumerate(samples):
         p = index // gen.n
         if gen.chat:
-            lps = None if gen.logprobs is None else chat_logprobs(s.tokens, s.logprobs, gen.logprobs)
+            lps = None if gen.logprobs is None else chat_logprobs(s.tokens, s.logprobs, gen.logprobs, gen.tokens_as_ids)
             choice: dict[str, Any] = {"index": index, "message": _message(s.text), "logprobs": lps}
         else:
-            lps = None if gen.logprobs is None else completion_logprobs(s, gen.logprobs)
+            lps = None if gen.logprobs is None else completion_logprobs(s, gen.logprobs, as_ids=gen.tokens_as_ids)
             choice = {"index": index, "text": s.text, "logprobs": lps}
         choice["finish_reason"] = s.finish_reason
         choice["stop_reason"] = s.stop_reason

@@ -63,6 +63,7 @@ from trioforward.sim._token_routes import (
     token_paths,
 )
 from trioforward.sim._tokenize import serve_tokenize
+from trioforward.sim._weight_push import PUSH_PATHS, serve_push
 
 __all__ = ["SimEngine"]
 
@@ -181,6 +182,8 @@ class SimEngine(OpenAIGeneration):
                 changed=lambda: self._stall_changed,
             )
             nursery.start_soon(self.scheduler.run)
+        self.push_paths = PUSH_PATHS.get(kind, frozenset())
+        self.model_path: str | None = None  # the last weight push's (_weight_push.py)
         self.kind = kind
         # The token route: SGLang's /generate, or vLLM's /inference/v1/generate
         # (served only with --enable-scale-out, as vLLM 0.32).
@@ -333,6 +336,8 @@ class SimEngine(OpenAIGeneration):
             if self.prefix_cache is not None:
                 self.prefix_cache.clear()
             return await ex.respond(200, _JSON, b"")
+        if path in self.push_paths:
+            return await ex.respond(*await serve_push(self, path, method, body))
         if path in self.rl.paths:
             status, kind, answer = await self.rl.serve(path, method, request.target, body)
             return await ex.respond(status, kind, answer)

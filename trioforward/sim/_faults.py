@@ -54,7 +54,8 @@ class Faults:
       then closes the connection (no chunked terminator); a whole answer sends
       its headers and the first ``cut_bytes`` bytes of its body, then closes.
 
-    Other: ``health_status``: the status ``GET /health`` answers (200).
+    Other: ``health_status``: the status ``GET /health`` answers (200);
+    ``fail_weight_push``: the next K weight pushes fail (``_weight_push.py``).
     """
 
     refuse_connections: bool = False
@@ -75,6 +76,7 @@ class Faults:
     cut_events: int = 1
     cut_bytes: int = 60
     health_status: int = 200
+    fail_weight_push: int = 0
     paths: tuple[str, ...] = field(default=GENERATION_PATHS)
 
     def __post_init__(self) -> None:

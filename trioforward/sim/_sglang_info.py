@@ -50,7 +50,9 @@ def weight_version(engine: SimEngine) -> str:
 def _model_info(engine: SimEngine) -> dict[str, Any]:
     base = engine.adapters.base[0]
     return {
-        "model_path": base,
+        # The last /update_weights_from_disk's path (_weight_push.py); the served
+        # name stays (the sim's adapters hang off it).
+        "model_path": engine.model_path or base,
         "served_model_name": base,
         "tokenizer_path": base,
         "is_generation": True,

@@ -27,6 +27,7 @@ from trioforward.sim._api import (
     Generation,
     chat_logprobs,
     completion_logprobs,
+    token_text,
     usage,
 )
 from trioforward.sim._generate import Sample
@@ -88,7 +89,7 @@ def stream_steps(gen: Generation, samples: list[Sample], rid: str, created: int)
             if gen.chat:
                 choice["delta"] = {"content": text}
                 choice["logprobs"] = (
-                    None if gen.logprobs is None else chat_logprobs(tok, lps, gen.logprobs)
+                    None if gen.logprobs is None else chat_logprobs(tok, lps, gen.logprobs, gen.tokens_as_ids)
                 )
                 choice["finish_reason"] = s.finish_reason if last else None
                 if last:
@@ -99,7 +100,15 @@ def stream_steps(gen: Generation, samples: list[Sample], rid: str, created: int)
                     None
                     if gen.logprobs is None
                     else completion_logprobs(
-                        Sample(tok, lps, "", None, ""), gen.logprobs, 0, offsets[index]
+                        Sample(tok, lps, "", None, ""),
+                        gen.logprobs,
+                        0,
+                        # vLLM counts text_offset over the placeholders' lengths
+                        # when they replace the tokens (the recorded stream).
+                        len("".join(token_text(t, True) for t in s.tokens[:step]))
+                        if gen.tokens_as_ids
+                        else offsets[index],
+                        gen.tokens_as_ids,
                     )
                 )
                 choice["finish_reason"] = s.finish_reason if last else None

@@ -169,6 +169,14 @@ class EngineControl:
         else:
             raise EngineControlError(f"engine {url} has no abort route", engine=url)
 
+    async def call(
+        self, url: str, method: str, path: str, json: Any = None, seconds: float | None = None
+    ) -> tuple[int, Any]:
+        """One control call to the engine: ``(status, parsed JSON body, or its text,
+        or None when empty)``, under ``engine_control_timeout`` unless ``seconds``.
+        Raises :class:`EngineControlError` when the engine cannot be reached."""
+        return await self._call(url, method, path, json, seconds)
+
     async def _expect(
         self, url: str, method: str, path: str, json: Any, seconds: float | None = None
     ) -> None:

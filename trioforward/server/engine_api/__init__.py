@@ -1,0 +1,14 @@
+"""The engines' own control routes, served by the gateway (docs/server.md, "The
+engines' own control routes").
+
+A trainer that keeps one address for generation and control (AReaL's remote
+engines, SGLang-router-style setups) calls SGLang's ``/pause_generation`` or
+vLLM's ``/pause`` on the gateway as it would on an engine; each becomes the
+gateway's own fleet operation over every engine of that kind (``_pause.py``),
+and weight pushes fan out inside the pause with per-engine results and
+rollback (``_push.py``). ``_routes.py`` holds the views.
+"""
+
+from trioforward.server.engine_api._routes import ENGINE_ROUTES, install_engine_routes
+
+__all__ = ["ENGINE_ROUTES", "install_engine_routes"]
