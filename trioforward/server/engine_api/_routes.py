@@ -40,8 +40,9 @@ from typing import Any
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from trioforward.dispatch import bad_version_reason
 from trioforward.errors import EngineControlError
-from trioforward.server._admin_routes import _good_version, json_response
+from trioforward.server._admin_routes import json_response
 from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._state import GatewayState, get_state
 from trioforward.server._validate import parse_body
@@ -100,8 +101,9 @@ def _none_of(kind: str) -> RequestError:
 
 def _version_of(data: dict[str, Any], name: str) -> str | None:
     version = data.get(name)
-    if version is not None and not _good_version(version):
-        raise bad_request(f"{name!r} must be printable ASCII of 1..128 characters", name)
+    reason = None if version is None else bad_version_reason(version)
+    if reason is not None:
+        raise bad_request(f"{name!r} {reason}", name)
     return version
 
 
