@@ -31,13 +31,13 @@ from trioforward.dispatch.engines._tenants import (
     TenantTable,
 )
 from trioforward.dispatch.rollout._engine_control import ENGINE_MODES
-from trioforward.dispatch.rollout._weights import (
-    EnginePause,
+from trioforward.dispatch.rollout._pause_args import (
     bad_version_reason,
     fleet_pause_args,
     fleet_pause_value,
     pause_conflict,
 )
+from trioforward.dispatch.rollout._weights import EnginePause
 
 __all__ = [
     "open_client",

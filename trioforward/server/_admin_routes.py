@@ -33,11 +33,9 @@ made fleet-wide and answers once all live members applied it (503
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
@@ -46,12 +44,12 @@ from trioforward.dispatch import (
     ENGINE_KINDS,
     ENGINE_MODES,
     bad_version_reason,
-    fleet_pause_value,
     pause_conflict,
 )
-from trioforward.errors import EngineControlError, PauseOvertaken
+from trioforward.errors import EngineControlError
 from trioforward.server._abort import abort_args, abort_here
 from trioforward.server._errors import RequestError, bad_request
+from trioforward.server._fleet_calls import fleet_pause, fleet_resume, fleet_wide
 from trioforward.server._state import GatewayState, get_state
 from trioforward.server._validate import parse_body
 
@@ -112,23 +110,6 @@ def _url(value: object) -> str:
         raise RequestError(400, str(exc), code="invalid_engine_url", param="url") from None
 
 
-_T = TypeVar("_T")
-
-
-async def _fleet_wide(change: Awaitable[_T]) -> _T:
-    """Run a fleet-wide control change or read (docs/fleet.md, "Control plane");
-    503 naming the members that did not apply it in time, or when Redis does not
-    answer."""
-    from trioforward.fleet import FleetLagging, StateUnavailable
-
-    try:
-        return await change
-    except FleetLagging as err:
-        raise RequestError(503, str(err), type="server_error", code="fleet_lagging") from None
-    except StateUnavailable as err:
-        raise RequestError(503, str(err), type="server_error", code="state_unavailable") from None
-
-
 def _engines_json(state: GatewayState) -> dict[str, Any]:
     body: dict[str, Any] = {
         "engines": [
@@ -160,73 +141,6 @@ def _weights_json(state: GatewayState) -> dict[str, Any]:
         url: {"kind": p.kind, "engine_mode": p.mode} for url, p in weights.engine_pauses.items()
     }
     return {**_engines_json(state), "weight_version": weights.version, "engine_pauses": pauses}
-
-
-async def _fleet_pause(
-    state: GatewayState,
-    engines: list[str] | None,
-    mode: str,
-    engine_mode: str | None,
-    replay: bool | str,
-) -> None:
-    """A fleet-wide pause (docs/operations.md, "Fleet mode"): every member gates and
-    does its own part through the control plane, then this member pauses the
-    engines once; if that fails, the fleet is resumed and the error raised. A
-    resume (on any member) that cleared the pause meanwhile overtook it: the
-    engines are resumed again here, after this pause reached them, and
-    :class:`PauseOvertaken` is raised (docs/operations.md, "Overlapping control
-    calls")."""
-    assert state.fleet is not None
-    control = state.fleet.control
-    await _fleet_wide(control.pause(engines, fleet_pause_value(mode, engine_mode, replay)))
-    if engine_mode is None:
-        return
-    weights = state.client.weights
-    targets = weights.targets(engines)
-    try:
-        await weights.pause_engines(targets, engine_mode)
-    except EngineControlError:
-        await _fleet_wide(control.resume(engines))
-        # One whose pause outcome is still unknown (its rollback resume failed
-        # too) stays gated on every member until a resume reaches it.
-        stuck = [e.url for e in targets if e.url in weights.engine_pauses]
-        if stuck:
-            await _fleet_wide(control.pause(stuck, fleet_pause_value("wait", "keep", False)))
-        raise
-    # A resume clears the pause before it resumes the engines: still listed here
-    # means any resume comes after this pause reached the engines.
-    still = await _fleet_wide(control.paused_at_engine_level(engines))
-    if still is None or {e.url for e in targets} <= set(still):
-        return
-    with trio.CancelScope(shield=True):
-        await weights.resume_engines(targets, None)
-    raise PauseOvertaken(
-        "the pause was overtaken by a resume while in progress: the engines it reached"
-        " are resumed",
-        engine=targets[0].url if targets else None,
-    )
-
-
-async def _fleet_resume(state: GatewayState, engines: list[str] | None, version: str | None) -> None:
-    """A fleet-wide resume: the engines the fleet paused at the engine level (whoever
-    paused them; a gate-only pause never calls an engine) are read, the pause is
-    cleared on every member (they record ``version``, then open their gates),
-    and only then are the engines resumed and told ``version``: a pause still
-    reaching them finds itself cleared and resumes them again (:func:`_fleet_pause`).
-    An engine that fails to resume is paused again fleet-wide (``engine:keep``:
-    gated on every member) until a resume reaches it."""
-    assert state.fleet is not None
-    control = state.fleet.control
-    weights = state.client.weights
-    engine_level = await _fleet_wide(control.paused_at_engine_level(engines))
-    await _fleet_wide(control.resume(engines, weight_version=version))
-    try:
-        await weights.resume_engines(weights.targets(engine_level), version)
-    except EngineControlError:
-        failed = [url for url in weights.engine_pauses if engine_level is None or url in engine_level]
-        if failed:
-            await _fleet_wide(control.pause(failed, fleet_pause_value("wait", "keep", False)))
-        raise
 
 
 def _check_version(value: object) -> None:
@@ -272,7 +186,7 @@ def install_admin_routes(app: QuartTrio) -> None:
         # the list unchanged; 201 only when this call created the record.
         known = url in {e.url for e in state.client.engines.list()}
         if state.fleet is not None:
-            await _fleet_wide(state.fleet.control.add_engine(url))
+            await fleet_wide(state.fleet.control.add_engine(url))
         else:
             state.client.engines.add(url, kind)
         if confirmed is not None:
@@ -288,7 +202,7 @@ def install_admin_routes(app: QuartTrio) -> None:
                     param="weight_version",
                 )
             if state.fleet is not None:
-                await _fleet_wide(state.fleet.control.confirm_version(url, confirmed))
+                await fleet_wide(state.fleet.control.confirm_version(url, confirmed))
             else:
                 state.client.versions.confirm(state.client.engines.get(url), confirmed)
         return json_response(_engines_json(state), 200 if known else 201)
@@ -300,7 +214,7 @@ def install_admin_routes(app: QuartTrio) -> None:
         if url not in {e.url for e in state.client.engines.list()}:
             raise RequestError(404, f"no engine {url}", code="engine_not_found", param="url")
         if state.fleet is not None:
-            await _fleet_wide(state.fleet.control.remove_engine(url))
+            await fleet_wide(state.fleet.control.remove_engine(url))
         else:
             state.client.engines.remove(url)
         return json_response(_engines_json(state))
@@ -327,7 +241,7 @@ def install_admin_routes(app: QuartTrio) -> None:
             if state.fleet is None:
                 await state.client.pause(engines, mode, engine_mode=engine_mode, replay=replay)
             else:
-                await _fleet_pause(state, engines, mode, engine_mode, replay)
+                await fleet_pause(state, engines, mode, engine_mode, replay)
         except EngineControlError as err:
             return json_response(err.to_json(), err.status)
         return json_response(_weights_json(state))
@@ -339,7 +253,7 @@ def install_admin_routes(app: QuartTrio) -> None:
         ids, group, every = abort_args(await _body("group", "request_ids", "all"))
         if state.fleet is None:
             return json_response(await abort_here(state, ids, group, every))
-        return json_response(await _fleet_wide(state.fleet.control.abort(ids, group, every)))
+        return json_response(await fleet_wide(state.fleet.control.abort(ids, group, every)))
 
     @app.post("/admin/resume")
     async def resume() -> Response:
@@ -355,7 +269,7 @@ def install_admin_routes(app: QuartTrio) -> None:
             if state.fleet is None:
                 await state.client.resume(engines, weight_version=version)
             else:
-                await _fleet_resume(state, engines, version)
+                await fleet_resume(state, engines, version)
         except EngineControlError as err:
             return json_response(err.to_json(), err.status)
         return json_response(_weights_json(state))
@@ -393,7 +307,7 @@ def install_admin_routes(app: QuartTrio) -> None:
         if parent is not None and not isinstance(parent, str):
             raise bad_request("'parent' must be a string", "parent")
         if state.fleet is not None:
-            await _fleet_wide(state.fleet.control.register_adapter(name, path, parent))
+            await fleet_wide(state.fleet.control.register_adapter(name, path, parent))
         else:
             # Re-registering replaces the record: a parent not given is cleared.
             state.client.adapters.register(name, path, parent)
@@ -408,7 +322,7 @@ def install_admin_routes(app: QuartTrio) -> None:
         if name not in state.client.adapters.list():
             raise RequestError(404, f"no adapter {name!r}", code="adapter_not_found", param="name")
         if state.fleet is not None:
-            await _fleet_wide(state.fleet.control.unregister_adapter(name))
+            await fleet_wide(state.fleet.control.unregister_adapter(name))
         else:
             state.client.adapters.unregister(name)
         return json_response({"name": name, "deleted": True})

@@ -26,8 +26,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioforward._engine_url import EngineURLError, engine_url
-from trioforward.server._admin_routes import _fleet_wide, json_response
+from trioforward.server._admin_routes import json_response
 from trioforward.server._errors import RequestError
+from trioforward.server._fleet_calls import fleet_wide
 from trioforward.server._state import get_state
 
 __all__ = ["install_router_routes"]
@@ -57,7 +58,7 @@ def install_router_routes(app: QuartTrio) -> None:
         state = get_state()
         url = _worker_url()
         if state.fleet is not None:
-            await _fleet_wide(state.fleet.control.add_engine(url))
+            await fleet_wide(state.fleet.control.add_engine(url))
         else:
             state.client.engines.add(url, None)
         return json_response({"status": "success", "message": f"Successfully added worker: {url}"})
@@ -69,7 +70,7 @@ def install_router_routes(app: QuartTrio) -> None:
         if url not in {e.url for e in state.client.engines.list()}:
             raise RequestError(404, f"no engine {url}", code="engine_not_found", param="url")
         if state.fleet is not None:
-            await _fleet_wide(state.fleet.control.remove_engine(url))
+            await fleet_wide(state.fleet.control.remove_engine(url))
         else:
             state.client.engines.remove(url)
         return json_response({"status": "success", "message": f"Successfully removed worker: {url}"})

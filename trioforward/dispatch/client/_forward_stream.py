@@ -14,7 +14,7 @@ from trioforward.dispatch.rollout._abort_answer import abort_tail
 from trioforward.dispatch.rollout._continue import CONTINUABLE_PATH
 from trioforward.dispatch.rollout._continue_chat import CHAT_PATH
 from trioforward.dispatch.rollout._continue_stream import continuing_events
-from trioforward.dispatch.rollout._weights import version_label
+from trioforward.dispatch.rollout._pause_args import version_label
 from trioforward.http import PoolError
 
 if TYPE_CHECKING:

@@ -39,8 +39,8 @@ from trioforward.dispatch.engines._tenants import Tenant, TenantTable
 from trioforward.dispatch.rollout._abort import Aborts, aborted_response
 from trioforward.dispatch.rollout._continue import CONTINUABLE_PATH, ask_token_ids
 from trioforward.dispatch.rollout._continue_chat import CHAT_PATH
+from trioforward.dispatch.rollout._pause_args import version_label
 from trioforward.dispatch.rollout._replay import replaying_request, replaying_stream
-from trioforward.dispatch.rollout._weights import version_label
 from trioforward.errors import DispatchAborted
 
 __all__ = ["Forwarding"]

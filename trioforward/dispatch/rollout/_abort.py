@@ -41,7 +41,7 @@ from trioforward.dispatch.attempts._types import ForwardResponse
 from trioforward.dispatch.engines._engines import Engine
 from trioforward.dispatch.rollout._abort_answer import abort_body, generate_items, prompt_count
 from trioforward.dispatch.rollout._engine_control import EngineControl, EngineControlError
-from trioforward.dispatch.rollout._weights import version_label
+from trioforward.dispatch.rollout._pause_args import version_label
 
 __all__ = ["Aborts", "AbortCounts", "ABORT_REASON", "aborted_response"]
 

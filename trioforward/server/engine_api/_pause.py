@@ -6,7 +6,7 @@ fleet mode (docs/fleet.md, "Control plane").
 
 from __future__ import annotations
 
-from trioforward.server._admin_routes import _fleet_pause, _fleet_wide
+from trioforward.server._fleet_calls import fleet_pause, fleet_wide
 from trioforward.server._state import GatewayState
 from trioforward.server.engine_api._push import engines_of, kinds_known, pending
 
@@ -28,7 +28,7 @@ async def pause_kind(state: GatewayState, kind: str, engine_mode: str, replay: b
         if state.fleet is None:
             await state.client.pause(todo, "wait", engine_mode=engine_mode, replay=replay)  # type: ignore[arg-type]
         else:
-            await _fleet_pause(state, todo, "wait", engine_mode, replay)
+            await fleet_pause(state, todo, "wait", engine_mode, replay)
     return urls
 
 
@@ -47,9 +47,9 @@ async def resume_kind(state: GatewayState, kind: str, version: str | None) -> li
         await state.client.resume(urls, weight_version=version)
     else:
         weights = state.client.weights
-        engine_level = await _fleet_wide(state.fleet.control.paused_at_engine_level(urls))
+        engine_level = await fleet_wide(state.fleet.control.paused_at_engine_level(urls))
         await weights.resume_engines(weights.targets(engine_level), version)
-        await _fleet_wide(state.fleet.control.resume(urls, weight_version=version))
+        await fleet_wide(state.fleet.control.resume(urls, weight_version=version))
     return urls
 
 
