@@ -40,8 +40,26 @@ def argv(system: str, port: int, engines: list[str], slots: int) -> list[str]:
     kind, _, policy = system.partition(":")
     py = sys.executable
     if kind == "trioforward":
+        # trioforward:<routing>[@option,...]: auto (adaptive_capacity), static
+        # (adaptive_capacity off), cap<N> (engine_capacity N instead of the
+        # engines' max_num_seqs), hash (a load factor so wide that sessions and
+        # prefixes never leave their rendezvous engine: pure hashing).
+        policy, _, options = policy.partition("@")
+        capacity = slots
+        extra: list[str] = []
+        for option in filter(None, options.split(",")):
+            if option == "auto":
+                extra.append("--adaptive-capacity")
+            elif option == "static":
+                extra.append("--no-adaptive-capacity")
+            elif option.startswith("cap"):
+                capacity = int(option[3:])
+            elif option == "hash":
+                extra += ["--prefix-load-factor", "1000000", "--affinity-floor", "1000000"]
+            else:
+                raise ValueError(f"unknown trioforward option {option!r} in {system!r}")
         args = [py, "-c", CLI, "serve", "--host", "127.0.0.1", "--port", str(port), "--routing", policy,
-                "--engine-capacity", str(slots), "--no-access-log", "--log-level", "warning"]
+                "--engine-capacity", str(capacity), "--no-access-log", "--log-level", "warning", *extra]
         for url in engines:
             args += ["--engine", url]
         return args

@@ -152,7 +152,7 @@ async def _run(system: str, url: str, engines: list[str], pids: list[int], work:
     """Sends the whole step at once; returns the run's measures."""
     import aiohttp
 
-    headers = system == "trioforward:session"
+    headers = system.partition("@")[0] == "trioforward:session"
     latencies: list[float] = []
     tokens = [0]
     errors: list[str] = []

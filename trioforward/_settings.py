@@ -68,6 +68,11 @@ class Settings:
     prefix_load_factor: float = _knob(1.25, "routing = prefix: an engine without a free slot takes no request while its outstanding load is at ceil(factor x mean); >= 1", "ratio")
     prefix_tokens: int = _knob(256, "routing = prefix: leading prompt tokens hashed for a new prefix's engine (same choice on every gateway)", "tokens")
     prefix_table_size: int = _knob(65536, "routing = prefix: prompts remembered so their continuations follow them (local, LRU); 0 = none", "prompts")
+    affinity_floor: int = _knob(8, "routing = prefix / session: an engine with a free slot keeps a prompt's or session's affinity while fewer than this many requests are outstanding on it, however low the fleet's mean (docs/dispatch.md)", "requests")
+    session_affinity_size: int = _knob(65536, "routing = session / prefix: sessions whose engine is remembered (local, LRU), so a session moved off a saturated engine stays where it went", "sessions")
+    session_affinity_ttl: float = _knob(600.0, "a session with no request this long is forgotten by routing (POST /finish_session forgets it at once)", "s")
+    adaptive_capacity: bool = _knob(False, "learn each vLLM / SGLang engine's capacity from its own load reports (running, waiting, KV use, preemptions); engine_capacity becomes the upper bound (docs/dispatch.md, \"Capacity from the engine\")", "")
+    load_interval: float = _knob(0.1, "adaptive_capacity: seconds between two load reports read from each engine (control pool)", "s")
     health_interval: float = _knob(5.0, "seconds between GET /health probes of each engine", "s")
     health_timeout: float = _knob(5.0, "timeout of one health probe", "s")
     health_failures: int = _knob(3, "consecutive failures that eject an engine", "failures")
@@ -142,6 +147,14 @@ class Settings:
             raise SettingsError("prefix_load_factor", self.prefix_load_factor, "must be >= 1")
         if self.prefix_tokens < 1:
             raise SettingsError("prefix_tokens", self.prefix_tokens, "must be >= 1")
+        if self.affinity_floor < 0:
+            raise SettingsError("affinity_floor", self.affinity_floor, "must be >= 0")
+        if self.session_affinity_size < 1:
+            raise SettingsError("session_affinity_size", self.session_affinity_size, "must be >= 1")
+        if self.session_affinity_ttl <= 0:
+            raise SettingsError("session_affinity_ttl", self.session_affinity_ttl, "must be > 0")
+        if self.load_interval <= 0:
+            raise SettingsError("load_interval", self.load_interval, "must be > 0")
         if self.engine_kind not in ENGINE_KINDS:
             raise SettingsError("engine_kind", self.engine_kind, f"must be one of {', '.join(ENGINE_KINDS)}")
         if self.engine_kinds:

@@ -46,9 +46,10 @@ def _bearer(value: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-# The engines' own token routes and their abort routes (docs/server.md, "Token routes").
+# The engines' own token routes and their abort routes (docs/server.md, "Token
+# routes"), and vllm-router's /finish_session (_router_compat.py): client paths.
 _TOKEN_ROUTES = frozenset(
-    {"/generate", "/inference/v1/generate", "/abort_request", "/inference/v1/abort_requests"}
+    {"/generate", "/inference/v1/generate", "/abort_request", "/inference/v1/abort_requests", "/finish_session"}
 )
 
 # _router_compat's worker routes and the engines' own control routes (engine_api/).

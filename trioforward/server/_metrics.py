@@ -326,6 +326,16 @@ class _ClientCollector:
         yield GaugeMetricFamily(
             "trioforward_queued", "Requests waiting for engine capacity", value=stats.queued
         )
+        yield CounterMetricFamily(
+            "trioforward_session_moves",
+            "Sessions routing moved off an overloaded or saturated engine",
+            value=stats.session_moves,
+        )
+        yield GaugeMetricFamily(
+            "trioforward_sessions_routed",
+            "Sessions whose engine routing remembers (bounded, expiring)",
+            value=stats.sessions_routed,
+        )
         yield from tenant_families(stats.tenants)
         pool = stats.pool
         connections = GaugeMetricFamily(
@@ -348,11 +358,19 @@ class _ClientCollector:
         paused = GaugeMetricFamily(
             "trioforward_engine_paused", "1 while paused for a weight update", labels=["engine"]
         )
+        limit = GaugeMetricFamily(
+            "trioforward_engine_limit",
+            "Requests the gateway lets run on the engine (learnt from its load reports, "
+            "else its capacity share; 0 = unlimited)",
+            labels=["engine"],
+        )
         for info in client.engines.list():
             healthy.add_metric([info.url], 1.0 if info.healthy else 0.0)
             paused.add_metric([info.url], 1.0 if info.paused else 0.0)
+            limit.add_metric([info.url], float(info.limit if info.limit is not None else info.share))
         yield healthy
         yield paused
+        yield limit
 
 
 class _FleetCollector:

@@ -13,6 +13,11 @@ by asking the router for its workers (``GET /list_workers`` → ``{"urls"}``, or
   does (its kind detected), ``POST /remove_worker?url=U`` removes it; both take
   the admin token when one is set, and answer ``{"status": "success",
   "message"}`` (200; 400 for a bad URL, 404 for an unknown one on remove);
+- ``POST /finish_session?session_id=ID`` (vllm-router's shape; a JSON body
+  ``{"session_id": ID}`` too) ends a session for routing: its next request is
+  placed afresh (docs/dispatch.md, "Sessions that move"); 200
+  ``{"status": "success", "session_id", "finished"}`` (``finished``: routing
+  remembered it), 400 without an id. It takes a client API key, as ``/v1``;
 - ``GET /list_workers`` and ``GET /workers`` name **the gateway itself** (the
   URL the request came to), not the engines: the trainer's abort then reaches
   the gateway's ``/abort_request`` (docs/server.md, "Token routes"), which also
@@ -74,6 +79,18 @@ def install_router_routes(app: QuartTrio) -> None:
         else:
             state.client.engines.remove(url)
         return json_response({"status": "success", "message": f"Successfully removed worker: {url}"})
+
+    @app.post("/finish_session")
+    async def finish_session() -> Response:
+        session = request.args.get("session_id")
+        if session is None:
+            data = await request.get_json(force=True, silent=True)
+            session = data.get("session_id") if isinstance(data, dict) else None
+        if not isinstance(session, str) or not session:
+            message = "missing session_id (?session_id=ID, or a JSON body {\"session_id\": ID})"
+            raise RequestError(400, message, code="invalid_session_id", param="session_id")
+        finished = get_state().client.finish_session(session)
+        return json_response({"status": "success", "session_id": session, "finished": finished})
 
     @app.get("/list_workers")
     async def list_workers() -> Response:

@@ -70,6 +70,9 @@ class Dispatcher(AttemptLoop):
             settings.routing,
             prefix_load_factor=settings.prefix_load_factor,
             prefix_table_size=settings.prefix_table_size,
+            affinity_floor=settings.affinity_floor,
+            session_table_size=settings.session_affinity_size,
+            session_ttl=settings.session_affinity_ttl,
         )
         self.policy = RetryPolicy(
             connect_retries=settings.connect_retries,

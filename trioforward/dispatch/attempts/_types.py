@@ -65,7 +65,10 @@ class ClientStatistics:
     gateway keeps loaded there (least recently used first, at most
     ``max_loaded_adapters``); ``adapters_registered``: how many are registered; ``pool``:
     the forwarding pool's own statistics; ``tenants``: tenant name ->
-    :class:`~trioforward.dispatch.TenantStatistics` (every tenant of the table).
+    :class:`~trioforward.dispatch.TenantStatistics` (every tenant of the table);
+    ``session_moves``: sessions routing moved off an overloaded or saturated
+    engine; ``sessions_routed``: sessions whose engine routing remembers now
+    (docs/dispatch.md, "Sessions that move").
     """
 
     requests_total: int
@@ -79,3 +82,5 @@ class ClientStatistics:
     adapters_registered: int
     pool: PoolStatistics
     tenants: dict[str, TenantStatistics] = field(default_factory=dict)
+    session_moves: int = 0
+    sessions_routed: int = 0

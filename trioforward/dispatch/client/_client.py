@@ -24,10 +24,12 @@ from trioforward.dispatch.client._control import engine_models
 from trioforward.dispatch.client._gating import PauseGate
 from trioforward.dispatch.client._sampling import Sampling
 from trioforward.dispatch.engines._adapters import AdapterLoader, AdapterRegistry
+from trioforward.dispatch.engines._adaptive import load_loop
 from trioforward.dispatch.engines._admin import Engines
 from trioforward.dispatch.engines._engines import Engine, Registry
 from trioforward.dispatch.engines._health import health_loop
 from trioforward.dispatch.engines._kinds import detect_loop, kind_setting
+from trioforward.dispatch.engines._routing import stable_hash
 from trioforward.dispatch.engines._tenants import TenantTable
 from trioforward.dispatch.rollout._abort import AbortCounts, Aborts
 from trioforward.dispatch.rollout._engine_control import EngineControl
@@ -127,6 +129,17 @@ class Client(PauseGate, Sampling):
         configured = self.configured_kind(engine.url)
         engine.kind = configured  # known at once when set; what it serves follows
         self._nursery.start_soon(detect_loop, self._control_pool, engine, configured, s.health_timeout)
+        if s.adaptive_capacity or self._session_routing:
+            # Session and prefix routing count the engine's reported load too.
+            self._nursery.start_soon(
+                lambda: load_loop(
+                    self._control_pool,
+                    engine,
+                    interval=s.load_interval,
+                    wait_s=s.health_timeout,
+                    adapt=s.adaptive_capacity,
+                )
+            )
         if s.health_interval > 0:
             self._nursery.start_soon(
                 lambda: health_loop(
@@ -137,6 +150,14 @@ class Client(PauseGate, Sampling):
                     probe_timeout=s.health_timeout,
                 )
             )
+
+    def finish_session(self, session: str) -> bool:
+        """End session ``session`` (its ``X-Session-ID``) for routing: its next
+        request is placed afresh, as a new session's (docs/dispatch.md,
+        "Sessions that move"). Returns whether routing remembered it (always
+        ``False`` unless ``routing`` is ``session`` or ``prefix``)."""
+        sessions = self._dispatcher.router.sessions
+        return sessions is not None and sessions.finish(stable_hash(session))
 
     async def abort(
         self,
@@ -202,6 +223,7 @@ class Client(PauseGate, Sampling):
     def statistics(self) -> ClientStatistics:
         """A snapshot of the counters (O(engines) at most)."""
         d = self._dispatcher
+        sessions = d.router.sessions
         return ClientStatistics(
             requests_total=d.requests_total,
             in_flight=d.in_flight,
@@ -214,6 +236,8 @@ class Client(PauseGate, Sampling):
             adapters_registered=len(self.adapters.list()),
             pool=self._pool.statistics(),
             tenants={t.name: t.statistics() for t in self.tenants},
+            session_moves=sessions.moves if sessions is not None else 0,
+            sessions_routed=len(sessions) if sessions is not None else 0,
         )
 
 

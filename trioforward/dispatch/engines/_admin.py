@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from trioforward.dispatch.engines._engines import Engine, EngineInfo, Registry
@@ -62,18 +61,16 @@ class Engines:
         its share of the engine's ``engine_capacity`` (docs/fleet.md, "Capacity
         leases"); ``None`` gives the whole capacity back.
 
-        Lowering a share never cancels running requests: it only stops new grants
+        With ``adaptive_capacity`` the engine runs at most the smaller of the
+        share and its learnt limit. Lowering a share never cancels running requests: it only stops new grants
         until fewer than ``tokens`` run. Raising it wakes queued requests at once.
         Raises ``KeyError`` for an unknown engine and ``ValueError`` for
         ``tokens < 1`` (an engine queue holds at least one token).
         """
         engine = self._registry.get(url)
-        if tokens is None:
-            engine.queue.total_tokens = engine.capacity if engine.capacity > 0 else math.inf
-        elif tokens < 1:
+        if tokens is not None and tokens < 1:
             raise ValueError(f"an engine share is at least 1 request (got {tokens})")
-        else:
-            engine.queue.total_tokens = tokens
+        engine.set_share(tokens)
 
     async def wait_kind(self, url: str) -> EngineInfo:
         """Return once ``url``'s kind and token route are known (detected or set,

@@ -52,7 +52,10 @@ class EngineInfo:
     docs/operations.md, "Engine kinds"); ``held_out``: why it takes no work
     although healthy and not paused (it has not reported the recorded weight
     version), or ``None``; ``weight_version``: the version it last reported
-    (docs/operations.md, "One weight version across the engines").
+    (docs/operations.md, "One weight version across the engines"); ``limit``:
+    the requests it may run at once as learnt from its load reports, or
+    ``None`` (the static ``capacity``: ``adaptive_capacity`` off, or no usable
+    report; docs/dispatch.md, "Capacity from the engine").
     """
 
     url: str
@@ -67,6 +70,7 @@ class EngineInfo:
     token_route: bool | None = None
     held_out: str | None = None
     weight_version: str | None = None
+    limit: int | None = None
 
 
 class Engine:
@@ -96,6 +100,10 @@ class Engine:
         "health_path",
         "held_out",
         "reported_version",
+        "limit",
+        "share",
+        "reported",
+        "saturated",
     )
 
     def __init__(self, url: str, capacity: int) -> None:
@@ -128,6 +136,14 @@ class Engine:
         # across the engines"; _versions.py).
         self.held_out: str | None = None
         self.reported_version: str | None = None
+        # Capacity from the engine (_adaptive.py): the learnt limit (None: the
+        # static bound), this process's fleet share (None: all of it), the
+        # sequences the engine last reported (running + waiting; 0 when no
+        # usable report) and whether it queues or preempts.
+        self.limit: int | None = None
+        self.share: int | None = None
+        self.reported = 0
+        self.saturated = False
 
     @property
     def queued(self) -> int:
@@ -136,7 +152,28 @@ class Engine:
 
     @property
     def outstanding(self) -> int:
-        return self.in_flight + len(self.queue)
+        """Its load as routing counts it: requests queued here, plus those on the
+        engine — the larger of this process's in-flight count and what the
+        engine last reported (other gateways' requests included)."""
+        return max(self.in_flight, self.reported) + len(self.queue)
+
+    def set_limit(self, limit: int | None) -> None:
+        """The learnt limit (``None``: back to the static ``capacity``)."""
+        self.limit = limit
+        self._apply()
+
+    def set_share(self, share: int | None) -> None:
+        """This process's fleet share of ``capacity`` (``None``: all of it)."""
+        self.share = share
+        self._apply()
+
+    def _apply(self) -> None:
+        tokens: float = self.capacity if self.capacity > 0 else math.inf
+        for bound in (self.share, self.limit):
+            if bound is not None:
+                tokens = min(tokens, bound)
+        if tokens != self.queue.total_tokens:
+            self.queue.total_tokens = tokens
 
     @property
     def free_slot(self) -> bool:
@@ -157,6 +194,7 @@ class Engine:
             self.token_route if self.kind_known.is_set() else None,
             self.held_out,
             self.reported_version,
+            self.limit,
         )
 
     def reroute_waiters(self) -> None:

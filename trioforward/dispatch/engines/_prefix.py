@@ -16,14 +16,18 @@ already holds the longest prefix of its prompt. Three rules choose it:
    Otherwise — a new prefix, or the remembered engine is full or gone — the
    engines are ranked by rendezvous score of a stable hash of the prompt's
    first ``prefix_tokens`` tokens (the *anchor*, the same in every process),
-   and the first engine with room takes it. *Room*: a free slot (a request
-   sent there now runs at once; only with a known capacity), or outstanding
-   requests (in flight + queued) below ``ceil(load_factor * (m + 1) / n)``,
-   ``m`` the outstanding total and ``n`` the eligible engines. The bound
-   matters once a request would wait: at low load (8 requests in flight on 4
-   engines of 16 slots, a bound of 3) it split conversations over engines
-   that all had idle slots, and the cache was the whole gain. No engine queues
-   above ``load_factor`` times the mean, and some engine always has room.
+   and the first engine with room takes it. *Room* (``_affinity.has_room``):
+   outstanding requests (in flight — or what the engine itself reports
+   running and waiting, if more — plus queued) below
+   ``ceil(load_factor * (m + 1) / n)``, ``m`` the outstanding total and ``n``
+   the eligible engines; or, with a known capacity, a free slot and fewer than
+   ``floor`` (``affinity_floor``, 8) outstanding. The floor matters at low
+   load: the bound alone (3 with 8 requests in flight on 4 engines of 16
+   slots) split conversations over engines that all had idle slots, and the
+   cache was the whole gain. Above the floor a hot prefix spreads: 24
+   requests of one prefix on two engines run at most ceil(1.25 * 12) = 15 on
+   one. No engine queues above ``load_factor`` times the mean, and some engine
+   always has room.
 
 3. **Work conservation.** A request that would queue on the chosen engine
    (no free slot: all of this process's share of its capacity is taken)
@@ -53,7 +57,6 @@ keys the local table); the anchor with BLAKE2b (the same everywhere).
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,6 +65,7 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 
+from trioforward.dispatch.engines._affinity import FLOOR, bounded_choice, has_room, load_bound
 from trioforward.dispatch.engines._routing import Routable, rendezvous_score
 
 __all__ = ["PrefixKey", "PrefixRouter", "prefix_key", "request_prefix_key", "BLOCK_BYTES"]
@@ -162,13 +166,14 @@ class PrefixRouter:
     ``table_size``: prompts remembered for continuation affinity (0 = none).
     """
 
-    __slots__ = ("load_factor", "table_size", "_table")
+    __slots__ = ("load_factor", "table_size", "floor", "_table")
 
-    def __init__(self, load_factor: float, table_size: int) -> None:
+    def __init__(self, load_factor: float, table_size: int, *, floor: int = FLOOR) -> None:
         if not load_factor >= 1.0:
             raise ValueError(f"load_factor must be >= 1, got {load_factor}")
         self.load_factor = load_factor
         self.table_size = table_size
+        self.floor = floor
         self._table: OrderedDict[int, Routable] = OrderedDict()
 
     def __len__(self) -> int:
@@ -177,13 +182,7 @@ class PrefixRouter:
     def room(self, engines: Sequence[Routable]) -> int:
         """The load bound: an engine takes a request only while its outstanding
         count is below ``ceil(load_factor * (m + 1) / n)`` (0 with no eligible engine)."""
-        total = 0
-        n = 0
-        for e in engines:
-            if e.eligible:
-                total += e.outstanding
-                n += 1
-        return math.ceil(self.load_factor * (total + 1) / n) if n else 0
+        return load_bound(engines, self.load_factor)
 
     def pick(self, engines: Sequence[E], key: PrefixKey, avoid: E | None) -> E | None:
         """The engine for ``key``, or ``None`` if none is eligible. ``avoid`` (an
@@ -193,7 +192,7 @@ class PrefixRouter:
             return None
         chosen = self._remembered(key, avoid, room)
         if chosen is None:
-            chosen = self._ranked(engines, key.anchor, avoid, room)
+            chosen = bounded_choice(engines, key.anchor, avoid, room, self.floor)
         if chosen is not None and not chosen.free_slot:
             # Work conservation: a request that would queue while another engine
             # has a free slot (and room) goes there instead.
@@ -215,31 +214,10 @@ class PrefixRouter:
             engine = table.get(h)
             if engine is not None:
                 table.move_to_end(h)
-                if engine.eligible and engine is not avoid and _has_room(engine, room):
+                if engine.eligible and engine is not avoid and has_room(engine, room, self.floor):
                     return engine
                 return None  # the deepest match is full or gone: rank by anchor
         return None
-
-    @staticmethod
-    def _ranked(engines: Sequence[E], anchor: int, avoid: E | None, room: int) -> E | None:
-        ranked = sorted(
-            (e for e in engines if e.eligible),
-            key=lambda e: rendezvous_score(anchor, e.seed),
-            reverse=True,
-        )
-        fallback: E | None = None
-        for e in ranked:
-            if e is avoid:
-                fallback = e
-            elif _has_room(e, room):
-                return e
-        # Only ``avoid`` has room (or nothing does, when ``avoid``'s load is in
-        # the mean but it may not take the request): the next choice with the
-        # least load, then ``avoid`` itself.
-        others = [e for e in ranked if e is not avoid]
-        if others:
-            return min(others, key=lambda e: e.outstanding)
-        return fallback
 
     def _remember(self, h: int, engine: Routable) -> None:
         table = self._table
@@ -247,12 +225,6 @@ class PrefixRouter:
         table.move_to_end(h)
         if len(table) > self.table_size:
             table.popitem(last=False)
-
-
-def _has_room(engine: Routable, room: int) -> bool:
-    """Whether ``engine`` may take a request: a free slot of a known capacity (the
-    request runs at once), or an outstanding load below the bound ``room``."""
-    return engine.outstanding < room or (engine.capacity > 0 and engine.free_slot)
 
 
 def _spare(engines: Sequence[E], anchor: int, avoid: E | None, room: int) -> E | None:

@@ -11,7 +11,9 @@ looks at individual requests.
   (Thaler & Ravishankar, 1998): every engine gets a score ``mix(key, engine)``
   and the highest eligible score wins. Removing or pausing an engine only moves
   the sessions it owned, each to its next engine in hash order, so one session's
-  requests keep hitting one engine's prefix cache.
+  requests keep hitting one engine's prefix cache. Bounded by the fleet's load,
+  and a session moves off an overloaded or saturated engine
+  (``_affinity.SessionAffinity``).
 - ``prefix``: by the prompt's leading blocks, with bounded loads
   (``_prefix.PrefixRouter``); a request with a session key is routed as
   ``session``, one with no prompt to route by as ``least-outstanding``.
@@ -20,10 +22,14 @@ looks at individual requests.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+import trio
+
 if TYPE_CHECKING:
+    from trioforward.dispatch.engines._affinity import SessionAffinity
     from trioforward.dispatch.engines._prefix import PrefixKey, PrefixRouter
 
 __all__ = ["Routable", "Router", "stable_hash", "rendezvous_score"]
@@ -66,23 +72,45 @@ def rendezvous_score(key_hash: int, engine_seed: int) -> int:
 E = TypeVar("E", bound=Routable)
 
 
+def _now() -> float:
+    """trio's clock (a MockClock in tests); the monotonic clock outside a run."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return time.monotonic()
+
+
 class Router:
     """Picks engines by ``policy`` (one of ``Settings.routing``'s values)."""
 
-    __slots__ = ("policy", "_turn", "prefix")
+    __slots__ = ("policy", "_turn", "prefix", "sessions")
 
     def __init__(
-        self, policy: str, *, prefix_load_factor: float = 1.25, prefix_table_size: int = 0
+        self,
+        policy: str,
+        *,
+        prefix_load_factor: float = 1.25,
+        prefix_table_size: int = 0,
+        affinity_floor: int = 8,
+        session_table_size: int = 65536,
+        session_ttl: float = 600.0,
     ) -> None:
         if policy not in ("least-outstanding", "round-robin", "session", "prefix"):
             raise ValueError(f"unknown routing policy {policy!r}")
         self.policy = policy
         self._turn = 0
         self.prefix: PrefixRouter | None = None
+        self.sessions: SessionAffinity | None = None
+        if policy in ("session", "prefix"):
+            from trioforward.dispatch.engines._affinity import SessionAffinity
+
+            self.sessions = SessionAffinity(
+                prefix_load_factor, floor=affinity_floor, size=session_table_size, ttl=session_ttl
+            )
         if policy == "prefix":
             from trioforward.dispatch.engines._prefix import PrefixRouter
 
-            self.prefix = PrefixRouter(prefix_load_factor, prefix_table_size)
+            self.prefix = PrefixRouter(prefix_load_factor, prefix_table_size, floor=affinity_floor)
 
     def pick(
         self,
@@ -104,8 +132,8 @@ class Router:
         n = len(engines)
         if n == 0:
             return None
-        if session is not None and self.policy in ("session", "prefix"):
-            return self._by_hash(engines, session, avoid)
+        if session is not None and self.sessions is not None:
+            return self.sessions.pick(engines, session, avoid, _now())
         if prefix is not None and self.prefix is not None:
             return self.prefix.pick(engines, prefix, avoid)
         if self.policy == "round-robin":
@@ -145,19 +173,3 @@ class Router:
             self._turn = start + k + 1
             return e
         return fallback
-
-    @staticmethod
-    def _by_hash(engines: Sequence[E], key: int, avoid: E | None) -> E | None:
-        best: E | None = None
-        best_score = -1
-        fallback: E | None = None
-        for e in engines:
-            if not e.eligible:
-                continue
-            if e is avoid:
-                fallback = e
-                continue
-            score = rendezvous_score(key, e.seed)
-            if score > best_score:
-                best, best_score = e, score
-        return best if best is not None else fallback
