@@ -81,12 +81,11 @@ def test_grows_while_the_limit_binds_and_never_past_the_bound() -> None:
     assert control.observe(_report(2), binding=False) == START
 
 
-def test_growth_stops_at_the_kv_projection_and_at_kv_high() -> None:
+def test_growth_holds_at_kv_high() -> None:
     control = AdaptiveLimit(256)
-    # 8 running use 40 % of the KV: 8 * 0.85 / 0.4 = 17 fit below KV_HIGH.
-    assert control.observe(_report(8, usage=0.4), binding=True) == 16
-    assert control.observe(_report(16, usage=0.8), binding=True) == 17
-    assert control.observe(_report(17, usage=0.9), binding=True) == 17  # at KV_HIGH: hold
+    assert control.observe(_report(8, usage=0.5), binding=True) == 16
+    assert control.observe(_report(16, usage=0.96), binding=True) == 16  # at KV_HIGH: hold
+    assert control.observe(_report(16, usage=0.9), binding=True) == 32
 
 
 def test_preemptions_cut_within_one_report() -> None:
@@ -94,11 +93,11 @@ def test_preemptions_cut_within_one_report() -> None:
     for _ in range(3):
         control.observe(_report(control.limit, preempted=5), binding=True)
     assert control.limit == 64
-    assert control.observe(_report(40, preempted=6), binding=True) == 30  # 3/4 of what ran
+    assert control.observe(_report(40, preempted=6), binding=True) == 45  # what runs + slack 5
     assert control.saturated and not control.slow_start
-    assert control.observe(_report(30, preempted=6), binding=True) == 31  # additive from here
+    assert control.observe(_report(40, preempted=6), binding=True) == 46  # additive from here
     # A counter that went back (the engine restarted) is no preemption.
-    assert control.observe(_report(31, preempted=0), binding=False) == 31
+    assert control.observe(_report(31, preempted=0), binding=False) == 46
 
 
 def test_waiting_cuts_to_what_runs_within_two_reports() -> None:
@@ -106,12 +105,16 @@ def test_waiting_cuts_to_what_runs_within_two_reports() -> None:
     for _ in range(3):
         control.observe(_report(control.limit), binding=True)
     assert control.observe(_report(20, waiting=10), binding=True) == 64  # one report: noise
-    assert control.observe(_report(20, waiting=10), binding=True) == 20
+    assert control.observe(_report(20, waiting=10), binding=True) == 23  # runs 20, slack 3
     assert control.saturated
     for _ in range(_adaptive.CALM_REPORTS - 1):
         control.observe(_report(20), binding=False)
     assert control.saturated  # hysteresis
     control.observe(_report(20), binding=False)
+    assert not control.saturated
+    # Waiting within the slack: hold, not saturated anew.
+    for _ in range(3):
+        assert control.observe(_report(23, waiting=2), binding=True) == 23
     assert not control.saturated
 
 
@@ -204,13 +207,13 @@ async def test_the_limit_follows_preemptions_and_never_exceeds_the_share(
     engine = Engine("http://10.0.0.1:8000", 64)
     engine.set_share(20)  # a fleet share below what the reports allow
     engine.in_flight = 64
-    pool = FakePool([_metrics(8), _metrics(16), _metrics(32), _metrics(32, preempted=3)])
+    pool = FakePool([_metrics(8), _metrics(16), _metrics(32), _metrics(24, preempted=3)])
     await _run(engine, pool, 4)
-    assert engine.limit == 24  # 3/4 of the 32 that ran
+    assert engine.limit == 27  # the 24 that run + a slack of 3
     assert engine.queue.total_tokens == 20  # the smaller of the share and the limit
     engine.set_share(None)
-    assert engine.queue.total_tokens == 24
-    assert engine.info().limit == 24
+    assert engine.queue.total_tokens == 27
+    assert engine.info().limit == 27
 
 
 async def test_an_openai_engine_keeps_its_static_bound(autojump_clock: trio.testing.MockClock) -> None:

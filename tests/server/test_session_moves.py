@@ -27,10 +27,10 @@ async def test_a_session_leaves_a_queueing_engine_and_the_move_is_counted(fd_bas
                 first = await http.post("/v1/completions", json=BODY, headers={"X-Session-ID": session})
                 assert first.status_code == 200 and generation_requests(a) == 1
                 # a runs one sequence of another session at home there and queues
-                # a second: it reports waiting.
+                # three: it reports more waiting than its slack (2).
                 a.prefill_stall(math.inf)
                 async with trio.open_nursery() as nursery:
-                    for _ in range(2):
+                    for _ in range(4):
                         nursery.start_soon(
                             lambda: http.post("/v1/completions", json=BODY, headers={"X-Session-ID": filler})
                         )

@@ -6,30 +6,33 @@ learnt from its own load reports (``adaptive_capacity``; docs/dispatch.md,
 (no clock, no I/O), one per engine. Per report (``running``, ``waiting``,
 ``kv_usage``, the preemption counter):
 
-1. **Preempted since the last report**: the engine ran out of KV blocks and
-   recomputes a sequence. Multiplicative decrease: the limit becomes 3/4 of
-   what ran (never more than it was), and slow start ends.
-2. **Else waiting in two reports in a row** (the engine holds sequences it
-   does not run: its
-   ``max_num_seqs`` or its KV admission binds): the limit becomes what runs —
-   more would only wait *inside* the engine, where the gateway can no longer
-   send them to an idle one.
-3. **Else KV usage at or above** ``kv_high`` (0.85): hold. Running sequences
-   still grow by a token a step; the rest of the cache is their room.
-4. **Else, when the limit binds** (requests wait for it at the gateway, or all
+1. **Preempted since the last report, or more waiting than a small slack in
+   two reports in a row** (the engine holds sequences it does not run: its
+   ``max_num_seqs`` or its KV cache binds, and it recomputes what it had to
+   evict): the limit becomes what runs plus the slack (``max(2, running /
+   8)``), and slow start ends. The engine keeps the next sequences at hand
+   for its next step (its own admission, which knows its free blocks, picks
+   the moment); more would only wait *inside* the engine, where the gateway
+   can no longer hand them to an engine that frees a slot, nor a session to
+   another engine.
+2. **Else any waiting, or KV use at or above** ``kv_high`` (0.95): hold.
+3. **Else, when the limit binds** (requests wait for it at the gateway, or all
    of it is in use): grow — doubling while in slow start, then +1 a report
-   (additive increase) — but never past the KV projection
-   ``running × kv_high / kv_usage`` (the sequences of the running ones' mean
-   size that fit below ``kv_high``).
+   (additive increase).
 
 Always ``1 <= limit <= bound`` (``engine_capacity``; ``math.inf`` when 0).
-Why this and not a throughput gradient: in a step-based engine (vLLM,
-SGLang; the simulated one: docs/sim.md, "Engine model") a step's cost grows
-linearly in the batch while its tokens grow with the batch, so tokens/s rises
-with the batch until KV runs out; past that, each preemption recomputes a
-whole sequence. The KV signals are therefore the ones that say where the
-throughput curve turns, one report after it happens; a gradient estimated
-from noisy token rates lags by many reports.
+Why this rule: in a step-based engine (vLLM, SGLang; the simulated one:
+docs/sim.md, "Engine model") a step's cost grows linearly with the batch
+while its tokens grow with the batch, so tokens/s rises with the batch until
+the KV cache binds. Where it binds the engine's own admission is the better
+judge (it sees its free blocks every step, the gateway one report late), and a
+preempted sequence's full blocks stay in its prefix cache, so a recompute is
+mostly cache hits: on the benchmark (docs/performance.md, "Capacity from the engine: static vs adaptive")
+a gateway that held each engine below its KV budget (a multiplicative cut
+on every preemption, growth capped by a KV projection) ran the busiest
+engine longer than the static ``max_num_seqs`` did. So the rule keeps the
+engine's queue short rather than its KV below a mark: what the gateway holds
+back it can still place.
 
 ``saturated`` (read by session routing) is set by a report with preemptions
 or (rule 2) waiting sequences and cleared after :data:`CALM_REPORTS` reports with
@@ -54,10 +57,9 @@ log = logging.getLogger("trioforward.dispatch")
 #: The limit an engine starts with (at most its bound).
 START = 8
 #: KV usage above which the limit stops growing.
-KV_HIGH = 0.85
+KV_HIGH = 0.95
 #: Reports without preemption or waiting that clear ``saturated``.
 CALM_REPORTS = 3
-_DECREASE = 0.75
 
 
 class AdaptiveLimit:
@@ -86,23 +88,17 @@ class AdaptiveLimit:
         preempted = self._preempted(report.preemptions)
         # Waiting in two reports in a row: one alone may be a request that
         # arrived since the engine's last step and is admitted at the next.
-        waiting = report.waiting > 0 and self._waited
-        self._waited = report.waiting > 0
+        slack = max(2, math.ceil(report.running / 8))
+        waiting = report.waiting > slack and self._waited
+        self._waited = report.waiting > slack
         limit = self.limit
-        if preempted:
-            limit = math.floor(min(limit, max(report.running, 1)) * _DECREASE)
+        if preempted or waiting:
+            limit = min(limit, report.running + slack)
             self.slow_start = False
-        elif waiting:
-            limit = min(limit, report.running)
-            self.slow_start = False
-        elif report.kv_usage is not None and report.kv_usage >= self.kv_high:
+        elif report.waiting > 0 or (report.kv_usage is not None and report.kv_usage >= self.kv_high):
             pass
         elif binding:
-            grown = limit * 2 if self.slow_start else limit + 1
-            if report.kv_usage is not None and report.kv_usage > 0 and report.running > 0:
-                fits = math.floor(report.running * self.kv_high / report.kv_usage)
-                grown = min(grown, max(limit, fits))
-            limit = grown
+            limit = limit * 2 if self.slow_start else limit + 1
         self.limit = int(min(self.bound, max(1, limit)))
         if preempted or waiting:
             self.saturated, self._calm = True, 0
