@@ -67,6 +67,7 @@ CLI = targets.CLI
 SAMPLE_S = 0.1
 RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.M)
 PREEMPTIONS = re.compile(r"^vllm:num_preemptions_total(?:\{[^}]*\})?\s+([0-9.eE+]+)", re.M)
+MOVES = re.compile(r"^trioforward_session_moves_total\s+([0-9.eE+]+)", re.M)
 
 
 def _engine_argv(port: int, args: Any) -> list[str]:
@@ -137,6 +138,14 @@ async def _sample_busy(session: Any, engines: list[str], out: list[list[bool]]) 
         await asyncio.sleep(SAMPLE_S)
 
 
+async def _moves(session: Any, system: str, url: str) -> int | None:
+    """trioforward's ``trioforward_session_moves_total`` (``/metrics``); None for other systems."""
+    if not system.startswith("trioforward:"):
+        return None
+    found = MOVES.search((await _get(session, url + "/metrics"))[1])
+    return int(float(found.group(1))) if found else None
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used (``/proc/<pid>/stat``
     fields 14 and 15; 0.0 where there is no /proc)."""
@@ -181,6 +190,7 @@ async def _run(system: str, url: str, engines: list[str], pids: list[int], work:
             async with session.post(engine + "/sim/faults", json={"reset_stats": True}) as response:
                 await response.read()
         preempted = await _preemptions(session, engines)
+        moves = await _moves(session, system, url)
         busy: list[list[bool]] = []
         sampler = asyncio.ensure_future(_sample_busy(session, engines, busy))
         cpu = sum(map(_cpu_s, pids))
@@ -196,6 +206,7 @@ async def _run(system: str, url: str, engines: list[str], pids: list[int], work:
             cpu = sum(map(_cpu_s, pids)) - cpu
             sampler.cancel()
         after = await _preemptions(session, engines)
+        moved = await _moves(session, system, url)
         stats = [json.loads((await _get(session, e + "/sim/stats"))[1]) for e in engines]
     cached = sum(s["prompt_tokens_cached"] for s in stats)
     prompt = cached + sum(s["prompt_tokens_computed"] for s in stats)
@@ -222,6 +233,8 @@ async def _run(system: str, url: str, engines: list[str], pids: list[int], work:
         # work, which the modelled step times do not include.
         "engines_cpu_s": cpu,
         "requests_per_engine": [int(s["by_path"].get("/v1/completions", 0)) for s in stats],
+        # trioforward only: sessions its routing moved off a loaded or saturated engine.
+        "session_moves": None if moves is None or moved is None else moved - moves,
     }
 
 
@@ -244,6 +257,7 @@ def _summarise(rows: list[dict[str, Any]], bound: float) -> dict[str, Any]:
         "p50_ms": _median(rows, "p50_ms"),
         "p99_ms": _median(rows, "p99_ms"),
         "preemptions": _median(rows, "preemptions"),
+        "session_moves": _median([{"v": r.get("session_moves")} for r in rows], "v"),
         "requests": rows[0]["requests"],
         "errors": sum(r["errors"] for r in rows),
         "prefix_hit_rate": round(_median(rows, "prefix_hit_rate"), 3),
