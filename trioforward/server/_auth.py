@@ -1,7 +1,8 @@
 """Who may call what, and for which tenant: client API keys and the admin token
 (docs/server.md, "Authentication"; docs/dispatch.md, "Tenants and fair queueing").
 
-- ``/v1/*`` (OpenAI API) and the token routes ``/generate``, ``/inference/v1/generate``:
+- ``/v1/*`` (OpenAI API), the token routes ``/generate``, ``/inference/v1/generate``
+  and vllm-router's ``/finish_session``:
   ``Authorization: Bearer <key>`` with a key from ``api_keys`` or a tenant's
   ``keys``; the key names the request's tenant.
 - ``/api/v1/*`` (Tinker API): ``X-API-Key: <key>`` (what the tinker SDK sends);
