@@ -35,7 +35,7 @@ engine's queue short rather than its KV below a mark: what the gateway holds
 back it can still place.
 
 ``saturated`` (read by session routing) is set by a report with preemptions
-or (rule 2) waiting sequences and cleared after :data:`CALM_REPORTS` reports with
+or waiting beyond the slack (rule 1) and cleared after :data:`CALM_REPORTS` reports with
 neither: a session does not flap on one noisy report.
 """
 
