@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from trioforward.codec import span_version
+from trioforward.dispatch.dialects._events import UNSET
 
 __all__ = [
     "SGLANG",
@@ -29,7 +30,6 @@ VLLM = "/inference/v1/generate"
 NATIVE_PATHS = frozenset({SGLANG, VLLM})
 #: SGLang 0.5.23 ``SamplingParams.max_new_tokens`` default (``srt/sampling/sampling_params.py``).
 SGLANG_MAX_NEW_TOKENS = 128
-UNSET = object()
 # SGLang top-level fields that a batch may give per prompt (``io_struct.py``).
 _PER_ITEM = (
     "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
@@ -125,7 +125,9 @@ class Sglang:
         return isinstance(reason, dict) and reason.get("type") == "abort"
 
     @staticmethod
-    def body(body: dict[str, Any], seq: Sequence, left: Any) -> dict[str, Any]:
+    def body(body: dict[str, Any], tokens: list[int], at: int, left: Any) -> dict[str, Any]:
+        """The caller's ``body`` going on from ``tokens`` (prompt + tokens so far) of
+        its ``at``-th prompt, ``n`` 1, ``left`` to go (:data:`UNSET`: the default)."""
         ids = body["input_ids"]
         out = {
             k: v for k, v in body.items() if k not in ("text", "rid", "stream", "stream_options")
@@ -135,13 +137,13 @@ class Sglang:
                 value = out.get(key)
                 if isinstance(value, list) and len(value) == len(ids):
                     if key != "token_ids_logprob" or isinstance(value[0], list):
-                        out[key] = value[seq.at]
+                        out[key] = value[at]
         params = dict(out.get("sampling_params") or {})
         params["n"] = 1
         if left is not UNSET:
             params["max_new_tokens"] = left
         out["sampling_params"] = params
-        out["input_ids"] = seq.prompt + seq.tokens
+        out["input_ids"] = tokens
         out["stream"] = False
         if out.get("logprob_start_len") not in (None, -1):
             out["logprob_start_len"] = -1  # the prompt's logprobs are the first segment's
@@ -219,7 +221,7 @@ class Vllm:
         return seq.last.get("finish_reason") == "abort"
 
     @staticmethod
-    def body(body: dict[str, Any], seq: Sequence, left: Any) -> dict[str, Any]:
+    def body(body: dict[str, Any], tokens: list[int], at: int, left: Any) -> dict[str, Any]:
         out = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         params = {
             k: v for k, v in (body.get("sampling_params") or {}).items() if k != "prompt_logprobs"
@@ -228,7 +230,7 @@ class Vllm:
         if left is not UNSET:
             params["max_tokens"] = left
         out["sampling_params"] = params
-        out["token_ids"] = seq.prompt + seq.tokens
+        out["token_ids"] = tokens
         out["stream"] = False
         return out
 

@@ -20,6 +20,7 @@ from trioforward.dispatch.rollout._continue import (
     warn_no_token_ids,
 )
 from trioforward.dispatch.rollout._continuing import (
+    Whole,
     continue_aborted,
     continue_piece,
     loaded,
@@ -84,7 +85,7 @@ async def continue_choice(
     await continue_piece(dispatcher, req, gen, failure, _Completions(req, body, budget, path))
 
 
-class _Completions:
+class _Completions(Whole):
     """A ``/v1/completions`` choice continued (:class:`~._continuing.Step`)."""
 
     __slots__ = ("req", "body", "budget", "path")
@@ -94,9 +95,6 @@ class _Completions:
 
     def left(self, gen: Generation) -> int:
         return self.budget - len(gen.tokens)
-
-    def end_length(self, gen: Generation) -> None:
-        gen.end("length")
 
     def request(self, gen: Generation, left: int) -> Request:
         return derived(self.req, continuation_body(self.body, gen, left), self.path)

@@ -50,6 +50,7 @@ from trioforward.dispatch.dialects._continue_shapes import (
 )
 from trioforward.dispatch.rollout._continue import derived, warn_no_token_ids
 from trioforward.dispatch.rollout._continuing import (
+    Whole,
     continue_aborted,
     continue_piece,
     loaded,
@@ -98,7 +99,7 @@ async def _continue(
     await continue_piece(dispatcher, req, seq, failure, _Native(req, route, body))
 
 
-class _Native:
+class _Native(Whole):
     """One token-route sequence continued (:class:`~._continuing.Step`), in ``route``'s
     shape (:class:`~trioforward.dispatch.dialects._continue_shapes.Sglang` or ``Vllm``)."""
 
@@ -110,20 +111,13 @@ class _Native:
     def left(self, seq: Sequence) -> Any:
         return seq.left()
 
-    def end_length(self, seq: Sequence) -> None:
-        self.route.end_length(seq)
+    async def end(self, seq: Sequence, finish: str | None) -> None:
+        if finish is not None:
+            self.route.end_length(seq)
 
     def request(self, seq: Sequence, left: Any) -> Request:
-        req, path = self.req, self.req.url_path
-        sub_body = self.route.body(self.body, seq, left)
-        sub = derived(req, orjson.dumps(sub_body))
-        sub.only = req.only
-        if path == SGLANG:
-            sub.render = lambda engine, engine_id, b=sub_body: (
-                path,
-                orjson.dumps({**b, "rid": engine_id}),
-            )
-        return sub
+        body = self.route.body(self.body, seq.prompt + seq.tokens, seq.at, left)
+        return derived(self.req, orjson.dumps(body))
 
     def read(self, answer: Reply, sub: Request) -> Any:
         try:

@@ -23,6 +23,7 @@ from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects import _dialect_completions
 from trioforward.dispatch.rollout._continue import derived
 from trioforward.dispatch.rollout._continuing import (
+    Whole,
     continue_aborted,
     continue_piece,
 )
@@ -79,6 +80,9 @@ class _Choice:
         self.finish, self.stop = choice.finish_reason, choice.stop_reason
         self.text += choice.text or ""
 
+    def end(self, finish: str) -> None:
+        self.finish, self.stop = finish, None
+
     def rendered(self) -> dict[str, Any]:
         lp = None if self.logprobs is None else {"token_logprobs": self.logprobs}
         return {
@@ -131,7 +135,7 @@ async def _continue(dispatcher: Dispatcher, req: Request, choice: _Choice, failu
     await continue_piece(dispatcher, req, choice, failure, _Tokens(req))
 
 
-class _Tokens:
+class _Tokens(Whole):
     """A token-level choice continued through the dialect seam (:class:`~._continuing.Step`)."""
 
     __slots__ = ("req", "base")
@@ -142,9 +146,6 @@ class _Tokens:
 
     def left(self, choice: _Choice) -> int:
         return int(self.base.max_tokens) - len(choice.tokens)
-
-    def end_length(self, choice: _Choice) -> None:
-        choice.finish, choice.stop = "length", None
 
     def request(self, choice: _Choice, left: int) -> Request:
         from trioforward.dispatch.dialects._complete import Rendering
