@@ -10,7 +10,7 @@ import trio
 from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request, strip_response_headers
-from trioforward.dispatch.dialects._streams import STREAMED
+from trioforward.dispatch.dialects._routes import CONTINUED
 from trioforward.dispatch.rollout._abort_answer import abort_tail
 from trioforward.dispatch.rollout._continue_stream import continuing_events
 from trioforward.dispatch.rollout._pause_args import version_label
@@ -106,7 +106,7 @@ class ForwardStream:
         if reply is None:
             yield abort_tail(req.url_path, req.content, req.request_id)
             return
-        if self._dispatcher is None or req.url_path not in STREAMED or reply.body is None:
+        if self._dispatcher is None or req.url_path not in CONTINUED or reply.body is None:
             async for chunk in self._raw():
                 yield chunk
         else:

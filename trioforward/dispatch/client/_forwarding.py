@@ -31,14 +31,14 @@ from trioforward.dispatch.attempts._request import (
 from trioforward.dispatch.attempts._tracing import Tracing
 from trioforward.dispatch.attempts._types import ForwardResponse
 from trioforward.dispatch.client._forward_stream import ForwardStream
+from trioforward.dispatch.dialects._events import CHAT, COMPLETIONS
 from trioforward.dispatch.engines._adapters import AdapterRegistry
 from trioforward.dispatch.engines._engines import Engine, Registry
 from trioforward.dispatch.engines._prefix import request_prefix_key
 from trioforward.dispatch.engines._routing import stable_hash
 from trioforward.dispatch.engines._tenants import Tenant, TenantTable
 from trioforward.dispatch.rollout._abort import Aborts, aborted_response
-from trioforward.dispatch.rollout._continue import CONTINUABLE_PATH, ask_token_ids
-from trioforward.dispatch.rollout._continue_chat import CHAT_PATH
+from trioforward.dispatch.rollout._continue import ask_token_ids
 from trioforward.dispatch.rollout._pause_args import version_label
 from trioforward.dispatch.rollout._replay import replaying_request, replaying_stream
 from trioforward.errors import DispatchAborted
@@ -114,8 +114,8 @@ class Forwarding:
             tenant=who,
         )
         # Chat: streams too (continued across an abort pause); the body read.
-        chat = path == CHAT_PATH and isinstance(json, dict)
-        if (path == CONTINUABLE_PATH or chat) and method == "POST" and self._ids_understood():
+        chat = path == CHAT and isinstance(json, dict)
+        if (path == COMPLETIONS or chat) and method == "POST" and self._ids_understood():
             # Token ids make an aborted completion or chat continuable (docs/operations.md).
             asked = ask_token_ids(content)
             if asked is not None:

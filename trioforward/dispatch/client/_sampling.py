@@ -20,9 +20,8 @@ from trioforward.dispatch.client._forwarding import Forwarding
 from trioforward.dispatch.dialects import _dialect_completions
 from trioforward.dispatch.dialects._complete import (
     Rendering,
-    completion_body,
+    complete_call,
     completion_of,
-    token_request,
 )
 from trioforward.dispatch.dialects._dialect import TokenRequest
 from trioforward.dispatch.engines._tenants import Tenant
@@ -67,7 +66,7 @@ class Sampling(Forwarding):
         ``return_token_ids`` in ``extra``. ``request_id`` and ``group`` as for
         :meth:`post`; the completion's ``.request_id`` is the request's id.
         """
-        args: dict[str, Any] = dict(
+        request, body = complete_call(
             model=model,
             prompt=prompt,
             max_tokens=max_tokens,
@@ -80,9 +79,9 @@ class Sampling(Forwarding):
             prompt_logprobs=prompt_logprobs,
             extra=extra,
         )
-        content = orjson.dumps(completion_body(**args), option=orjson.OPT_SERIALIZE_NUMPY)
+        content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         return await self.sample(
-            token_request(**args),
+            request,
             session=session,
             completions_body=content,
             request_id=request_id,

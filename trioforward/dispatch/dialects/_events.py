@@ -90,6 +90,16 @@ def payload(event: bytes) -> Any:
         return None
 
 
+def usage(doc: Any, gens: list[Any], prompt: int = 0) -> dict[str, Any]:
+    """``doc``'s ``usage`` counting every generated token of ``gens`` (``prompt``: the
+    prompt's tokens when ``doc`` does not say)."""
+    use = dict(doc.get("usage") or {})
+    prompt = int(use.get("prompt_tokens") or prompt)
+    completion = sum(len(g.tokens) for g in gens)
+    use.update(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return use
+
+
 def sse_event(doc: Any) -> bytes:
     """One SSE ``data:`` event of JSON ``doc``."""
     return b"data: " + orjson.dumps(doc) + b"\n\n"
@@ -115,14 +125,47 @@ class Events:
         """The envelope fields every event the gateway writes repeats."""
         return {k: doc.get(k) for k in _HEAD}
 
-    def choices(self, doc: dict[str, Any]) -> list[Any]:
-        """The per-choice parts of one event."""
-        return doc.get("choices") or []
+    def choices(self, doc: Any) -> list[Any]:
+        """The per-choice parts of one event or answer."""
+        choices = doc.get("choices") if isinstance(doc, dict) else None
+        return choices if isinstance(choices, list) else []
 
     def read(self, raw: dict[str, Any], state: dict[int, Any]) -> dict[str, Any] | None:
         """An event's choice as a segment (``None``: not continuable); ``state``:
         this stream's own, for shapes that repeat what they sent."""
         return raw
+
+    def segment(self, raw: Any, state: dict[int, Any]) -> dict[str, Any] | None:
+        """Choice ``raw`` read as a segment with a ``token_ids`` list (:meth:`read`);
+        ``None`` when it has none (an abort event that adds nothing gets an empty one)."""
+        choice = self.read(raw, state) if isinstance(raw, dict) else None
+        if choice is None:
+            return None
+        ids = choice.get("token_ids")
+        if ids is None and choice.get("finish_reason") == "abort" and not choice.get("text"):
+            return {**choice, "token_ids": []}
+        return choice if isinstance(ids, list) else None
+
+    def whole(self, doc: Any) -> list[tuple[int, list[int], dict[str, Any]]] | str:
+        """A whole answer's choices as ``(index, prompt ids, first segment)``, or why
+        it cannot be continued: ``"ids"`` (no token ids) or ``"route"``."""
+        choices = self.choices(doc)
+        out = []
+        for n, choice in enumerate(choices):
+            ids = choice.get("token_ids") if isinstance(choice, dict) else None
+            prompt = choice.get("prompt_token_ids") if isinstance(choice, dict) else None
+            if not isinstance(ids, list) or not isinstance(prompt, list):
+                return "ids"
+            index = choice.get("index")
+            out.append((index if isinstance(index, int) else n, prompt, choice))
+        return out or "route"
+
+    def joined(self, doc: Any, gens: list[Any], ids: bool) -> bytes:
+        """The one answer of a continued whole answer: ``doc``'s envelope, each choice
+        joined from its segments (``ids``: keep the token-id lists), usage over every
+        generated token."""
+        choices = [g.rendered(g.index, ids) for g in gens]
+        return orjson.dumps({**doc, "choices": choices, "usage": usage(doc, gens)})
 
     def prompt(self, doc: dict[str, Any], raw: dict[str, Any]) -> list[int] | None:
         """The prompt ids an event carries for its choice ``raw``."""
@@ -145,9 +188,9 @@ class Events:
         budget = self.body.get("max_tokens")
         return budget if type(budget) is int else DEFAULT_MAX_TOKENS
 
-    def continuation(self, gen: Any, left: Any) -> bytes:
-        """The body of a streamed continuation of ``gen`` with ``left`` tokens to go."""
-        return continuation_body(self.fields(), gen.prompt + gen.tokens, left, stream=True)
+    def continuation(self, gen: Any, left: Any, stream: bool) -> bytes:
+        """The body of a continuation of ``gen`` with ``left`` tokens to go."""
+        return continuation_body(self.fields(), gen.prompt + gen.tokens, left, stream)
 
     def fields(self) -> dict[str, Any]:
         """The caller's fields a ``/v1/completions`` continuation is sent with."""
@@ -216,6 +259,44 @@ class ChatEvents(Events):
 
     def sub_events(self) -> Events:
         return Events(self.body)
+
+    def whole(self, doc: Any) -> list[tuple[int, list[int], dict[str, Any]]] | str:
+        prompt = doc.get("prompt_token_ids") if isinstance(doc, dict) else None
+        choices = self.choices(doc)
+        if not self.continuable() or not choices:
+            return "route"
+        if not isinstance(prompt, list) or not prompt:
+            return "ids"
+        out = []
+        for n, choice in enumerate(choices):
+            message = choice.get("message") if isinstance(choice, dict) else None
+            if not isinstance(message, dict) or message.get("tool_calls") or message.get("reasoning"):
+                return "route"
+            if not isinstance(choice.get("token_ids"), list):
+                return "ids"
+            # The first segment's logprobs stay as the engine wrote them; the
+            # continuations' are collected (completion shape) and converted.
+            logprobs: dict[str, Any] | None = {} if isinstance(choice.get("logprobs"), dict) else None
+            first = {"text": message.get("content") or "", "logprobs": logprobs}
+            out.append((n, prompt, {**choice, **first}))
+        return out
+
+    def joined(self, doc: Any, gens: list[Any], ids: bool) -> bytes:
+        choices = []
+        for choice, gen in zip(doc["choices"], gens, strict=True):
+            joined = {**choice, "message": {**choice["message"], "content": gen.text}}
+            if isinstance(choice.get("logprobs"), dict):
+                first = choice["logprobs"].get("content") or []
+                more = _chat.chat_entries(gen.logprobs, _chat.top_k(self.body))
+                joined["logprobs"] = {**choice["logprobs"], "content": first + more}
+            joined["finish_reason"], joined["stop_reason"] = gen.finish, gen.stop
+            joined["token_ids"] = gen.tokens if ids else None
+            joined["weight_versions"] = gen.versions()
+            choices.append(joined)
+        out = {**doc, "choices": choices, "usage": usage(doc, gens)}
+        if not ids and "prompt_token_ids" in out:
+            out["prompt_token_ids"] = None
+        return orjson.dumps(out)
 
     def event(self, head: dict[str, Any], gen: Any, out: dict[str, Any], index: int) -> bytes:
         return _chat.chat_event(head, out, index, _chat.top_k(self.body))

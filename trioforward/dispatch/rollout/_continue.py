@@ -6,15 +6,16 @@ pause ended (``finish_reason: "abort"``, 200, the tokens so far as vLLM 0.32 and
 SGLang send them) is not handed out and not re-run whole: each aborted choice
 is sent again, on its own (``n: 1``), as its prompt token ids + the tokens it
 generated, with the caller's sampling parameters and the budget left, once the
-engines resume. The segments are joined into the one answer the caller asked
-for (:func:`joined_answer`), with per-choice ``weight_versions`` spans
+engines resume. The segments are joined (:class:`Generation`) into the one
+answer the caller asked for, with per-choice ``weight_versions`` spans
 ``[{"version", "start", "end"}]`` over output positions, ``end`` exclusive (the
 shape of vLLM 0.32's ``WeightVersionSpan`` and SGLang's ``meta_info``).
 
 The gateway asks the engine for token ids (``return_token_ids``) when a
 ``/v1/completions`` caller did not (:func:`ask_token_ids`), and takes them out
 of the answer again (:func:`hide_token_ids`): the caller gets the shape it
-asked for. Streams are continued in :mod:`._continue_stream`.
+asked for. Whole answers are continued in :mod:`._continue_whole`, streams in
+:mod:`._continue_stream`, both through the one loop of :mod:`._continuing`.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ from trioforward.codec import UNVERSIONED, span_version
 from trioforward.dispatch.attempts._counts import ContinueCounts
 from trioforward.dispatch.attempts._identity import with_rid
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.dialects._continue_shapes import NATIVE_PATHS, SGLANG
 from trioforward.dispatch.dialects._events import COMPLETIONS, DEFAULT_MAX_TOKENS
-from trioforward.dispatch.dialects._events import continuation_body as completion_continuation
+from trioforward.dispatch.dialects._routes import NATIVE_PATHS, SGLANG
 
 __all__ = [
     "CONTINUE",
@@ -40,8 +40,6 @@ __all__ = [
     "ask_token_ids",
     "hide_token_ids",
     "Generation",
-    "continuation_body",
-    "joined_answer",
     "spanned",
     "with_span",
     "is_length_refusal",
@@ -218,8 +216,12 @@ class Generation:
         out["stop_reason"] = self.stop
         out["prompt_token_ids"] = None
         out["token_ids"] = self.tokens[tokens:] if ids else None
-        out["weight_versions"] = self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
+        out["weight_versions"] = self.versions()
         return out
+
+    def versions(self) -> list[dict[str, Any]]:
+        """The ``weight_versions`` spans (one empty span when no token was generated)."""
+        return self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
 
     def end(self, finish: str) -> None:
         """End here with ``finish`` (a continuation the engine refused: ``"length"``)."""
@@ -237,8 +239,7 @@ class Generation:
         out["token_ids"] = self.tokens if ids else None
         if "prompt_token_ids" in out and not ids:
             out["prompt_token_ids"] = None
-        spans = self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
-        out["weight_versions"] = spans
+        out["weight_versions"] = self.versions()
         return out
 
 
@@ -296,33 +297,6 @@ def spanned(content: bytes, version: str | None, ids: bool) -> bytes:
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return content
     return orjson.dumps(doc)
-
-
-def continuation_body(body: dict[str, Any], gen: Generation, left: int) -> bytes:
-    """The ``/v1/completions`` body continuing ``gen``: prompt ids + tokens so far,
-    ``n: 1``, ``max_tokens: left``, token ids asked, the caller's other fields."""
-    return completion_continuation(body, gen.prompt + gen.tokens, left)
-
-
-def joined_answer(doc: dict[str, Any], gens: list[Generation], ids: bool) -> bytes:
-    """The one answer of a continued completion: the first answer's envelope, each
-    choice joined from its segments, usage over every generated token."""
-    out = dict(doc)
-    out["choices"] = [g.rendered(i_choice(doc, n), ids) for n, g in enumerate(gens)]
-    use = dict(doc.get("usage") or {})
-    prompt = int(use.get("prompt_tokens") or 0)
-    completion = sum(len(g.tokens) for g in gens)
-    use["completion_tokens"] = completion
-    use["total_tokens"] = prompt + completion
-    out["usage"] = use
-    return orjson.dumps(out)
-
-
-def i_choice(doc: dict[str, Any], n: int) -> int:
-    """The ``index`` of the ``n``-th choice of ``doc`` (its own, else its position)."""
-    choice = doc["choices"][n]
-    index = choice.get("index") if isinstance(choice, dict) else None
-    return index if isinstance(index, int) else n
 
 
 def derived(req: Request, content: bytes, path: str | None = None) -> Request:

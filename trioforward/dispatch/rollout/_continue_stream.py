@@ -29,15 +29,8 @@ import trio
 from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.dialects._continue_shapes import SGLANG
-from trioforward.dispatch.dialects._events import (
-    COMPLETIONS,
-    Events,
-    events_end,
-    payload,
-    split,
-)
-from trioforward.dispatch.dialects._streams import events_for
+from trioforward.dispatch.dialects._events import COMPLETIONS, Events, events_end, payload, split
+from trioforward.dispatch.dialects._routes import SGLANG, shape_for
 from trioforward.dispatch.rollout._continue import (
     CONTINUE,
     Generation,
@@ -45,6 +38,7 @@ from trioforward.dispatch.rollout._continue import (
     hide_token_ids,
     warn_no_token_ids,
 )
+from trioforward.dispatch.rollout._continue_whole import Shaped
 from trioforward.dispatch.rollout._continuing import absorb, continue_each, continue_piece
 from trioforward.dispatch.rollout._stream_spans import StreamSpans
 from trioforward.errors import DispatchAborted, TrioforwardError
@@ -224,33 +218,25 @@ async def _continue_all(
                 await step.out.send(exc)
 
 
-class _Streamed:
+class _Streamed(Shaped):
     """A stream's choice continued (:class:`~._continuing.Step`): sent as a stream on
     ``shape.path``, its events relayed into ``out`` in the caller's ``shape`` as
     they come (``index`` kept, ``weight_versions`` on its last event), a further
     abort pause's events held back."""
 
-    __slots__ = ("req", "shape", "head", "out", "ids")
+    __slots__ = ("head", "out", "ids")
+    stream = True
 
     def __init__(
         self, req: Request, shape: Events, head: dict[str, Any], out: trio.MemorySendChannel[Any]
     ) -> None:
-        self.req, self.shape, self.head, self.out = req, shape, head, out
-        self.ids = not req.asked_ids
-
-    def left(self, gen: Generation) -> Any:
-        budget = self.shape.budget(gen.index)
-        return budget - len(gen.tokens) if type(budget) is int else budget
+        super().__init__(req, shape)
+        self.head, self.out, self.ids = head, out, not req.asked_ids
 
     async def end(self, gen: Generation, finish: str | None) -> None:
         if finish is not None:
             gen.end(finish)
         await self.out.send(self.shape.event(self.head, gen, gen.tail(self.ids), gen.index))
-
-    def request(self, gen: Generation, left: Any) -> Request:
-        sub = derived(self.req, self.shape.continuation(gen, left), self.shape.path)
-        sub.streaming = True
-        return sub
 
     async def send(self, dispatcher: Dispatcher, sub: Request, gen: Generation) -> Reply:
         async with dispatcher.stream(sub) as answer:
@@ -275,7 +261,7 @@ class _Streamed:
             for event in split(data[:end]):
                 doc = payload(event)
                 for raw in reader.choices(doc) if isinstance(doc, dict) else ():
-                    choice = _segment(reader, raw, state)
+                    choice = reader.segment(raw, state)
                     if choice is None:
                         message = "the continuation's events carry no token ids"
                         raise sub.stamp(DispatchAborted(message, phase=sub.phase))
@@ -288,18 +274,6 @@ class _Streamed:
                         del out["weight_versions"]  # on the last event only
                     gen.mark()
                     await self.out.send(self.shape.event(self.head, gen, out, gen.index))
-
-
-def _segment(shape: Events, raw: Any, state: dict[int, Any]) -> dict[str, Any] | None:
-    """Event choice ``raw`` read as a segment with a ``token_ids`` list; ``None``
-    when it has none (an abort event that adds nothing gets an empty one)."""
-    choice = shape.read(raw, state) if isinstance(raw, dict) else None
-    if choice is None:
-        return None
-    ids = choice.get("token_ids")
-    if ids is None and choice.get("finish_reason") == "abort" and not choice.get("text"):
-        return {**choice, "token_ids": []}
-    return choice if isinstance(ids, list) else None
 
 
 #: Bytes of relayed events a stream keeps before folding them into token lists
@@ -329,7 +303,7 @@ class _Seen:
 
     def shaped(self) -> Events:
         if self.shape is None:
-            self.shape = events_for(self.req.url_path, orjson.loads(self.req.content))
+            self.shape = shape_for(self.req.url_path, orjson.loads(self.req.content))
         return self.shape
 
     def add(self, block: bytes, last_only: bool = False) -> None:
@@ -364,7 +338,7 @@ class _Seen:
             for raw in shape.choices(doc):
                 index = raw.get("index", 0) if isinstance(raw, dict) else 0
                 prompt = shape.prompt(doc, raw) if isinstance(raw, dict) else None
-                choice = _segment(shape, raw, self.state)
+                choice = shape.segment(raw, self.state)
                 if choice is None:
                     return False
                 gen = self.gens.get(index)
