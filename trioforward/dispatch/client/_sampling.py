@@ -16,7 +16,7 @@ import orjson
 from trioforward.codec import Completion
 from trioforward.dispatch.attempts._request import HeaderInput
 from trioforward.dispatch.attempts._types import ForwardResponse
-from trioforward.dispatch.client._forwarding import Forwarding
+from trioforward.dispatch.client._forwarding import Forwarding, Options
 from trioforward.dispatch.dialects import _dialect_completions
 from trioforward.dispatch.dialects._complete import (
     Rendering,
@@ -142,17 +142,8 @@ class Sampling(Forwarding):
             completions_body = _dialect_completions.render(request, "")[1]
         rendering = Rendering(request, completions_body)
         json = {"model": request.model, "prompt": request.prompt}
-        req = self._request(
-            "POST",
-            _dialect_completions.PATH,
-            json,
-            completions_body,
-            headers,
-            session,
-            session_implied,
-            request_id,
-            group,
-            tenant,
-        )
+        options = Options(json=json, content=completions_body, headers=headers, session=session)
+        options.update(Options(request_id=request_id, group=group, tenant=tenant))
+        req = self._request("POST", _dialect_completions.PATH, options, session_implied)
         req.render = rendering
         return await self._answer(req), rendering.parse
