@@ -10,8 +10,8 @@ import trio
 from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request, strip_response_headers
+from trioforward.dispatch.dialects._abort_answers import abort_tail
 from trioforward.dispatch.dialects._routes import CONTINUED
-from trioforward.dispatch.rollout._abort_answer import abort_tail
 from trioforward.dispatch.rollout._continue_stream import continuing_events
 from trioforward.dispatch.rollout._pause_args import version_label
 from trioforward.http import PoolError
