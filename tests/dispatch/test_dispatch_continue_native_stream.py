@@ -5,6 +5,8 @@ their own event shapes, token by token, nothing decoded twice (docs/operations.m
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -12,7 +14,15 @@ import pytest
 import trio
 import trio.testing
 from dispatch_testing import client_for
-from test_dispatch_continue_native import MODEL, PROMPT, SGLANG, VLLM, continued, update
+from test_dispatch_continue_native import (
+    MODEL,
+    PROMPT,
+    SGLANG,
+    VLLM,
+    continued,
+    routed,
+    update,
+)
 
 from trioforward.sim import open_engine
 
@@ -26,6 +36,14 @@ def events_of(data: bytes) -> list[dict[str, Any]]:
     return [orjson.loads(e[6:]) for e in parts[:-1]]
 
 
+@asynccontextmanager
+async def serving(path: str) -> AsyncIterator[tuple[Any, Any]]:
+    """A simulated engine serving ``path`` (100 ms per decode step) and a client on it."""
+    options = {"kind": "sglang"} if path == SGLANG else {"scale_out": True}
+    async with open_engine(decode_ms_per_token=100, **options) as engine, client_for(engine) as client:
+        yield engine, client
+
+
 async def streamed(
     engine: Any, client: Any, path: str, body: dict[str, Any], steps: int = 4
 ) -> tuple[bytes, list[int]]:
@@ -34,20 +52,11 @@ async def streamed(
     engine's ``tokens_decoded`` as each chunk arrived."""
     await client.engines.wait_kind(engine.url)
     await client.resume(weight_version="v1")
-    kind = "sglang" if path == SGLANG else "vllm"
-    content = orjson.dumps(body)
-
-    def render(engine: Any, engine_id: str) -> tuple[str, bytes]:
-        if kind == "sglang":
-            return path, orjson.dumps({**body, "rid": engine_id})
-        return path, content
-
     chunks: list[bytes] = []
     decoded_at: list[int] = []
 
     async def read() -> None:
-        only = lambda e: e.kind == kind and bool(e.token_route)  # noqa: E731
-        async with client.stream(path, content=content, only=only, render=render) as fs:
+        async with client.stream(path, **routed(path, body)) as fs:
             assert fs.status == 200
             async for chunk in fs.aiter_bytes():
                 chunks.append(chunk)
@@ -64,10 +73,7 @@ async def streamed(
 async def test_an_sglang_stream_goes_on_with_every_token_so_far_in_each_event(
     fd_baseline: int, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with (
-        open_engine(decode_ms_per_token=100, kind="sglang") as engine,
-        client_for(engine) as client,
-    ):
+    async with serving(SGLANG) as (engine, client):
         body = {
             "input_ids": PROMPT,
             "sampling_params": {"max_new_tokens": 10, "sampling_seed": 3},
@@ -99,10 +105,7 @@ async def test_an_sglang_stream_goes_on_with_every_token_so_far_in_each_event(
 async def test_a_vllm_token_stream_goes_on_token_by_token(
     fd_baseline: int, autojump_clock: trio.testing.MockClock, n: int
 ) -> None:
-    async with (
-        open_engine(decode_ms_per_token=100, scale_out=True) as engine,
-        client_for(engine) as client,
-    ):
+    async with serving(VLLM) as (engine, client):
         body = {
             "token_ids": PROMPT,
             "model": MODEL,
@@ -133,10 +136,7 @@ async def test_a_vllm_token_stream_goes_on_token_by_token(
 async def test_a_token_stream_with_a_text_prompt_relays_the_engines_abort(
     fd_baseline: int, autojump_clock: trio.testing.MockClock
 ) -> None:
-    async with (
-        open_engine(decode_ms_per_token=100, kind="sglang") as engine,
-        client_for(engine) as client,
-    ):
+    async with serving(SGLANG) as (engine, client):
         body = {"text": "hello", "sampling_params": {"max_new_tokens": 10}, "stream": True}
         data, _ = await streamed(engine, client, SGLANG, body)
         items = events_of(data)

@@ -20,25 +20,37 @@ async def kinds(gw: Any) -> None:
             await client.engines.wait_kind(e.url)
 
 
+BUDGET = 300  # 3 s of decoding: the pause lands mid-generation on a loaded machine too
+
+
+def route_body(path: str, **extra: Any) -> dict[str, Any]:
+    """A token route's body of :data:`BUDGET` tokens with the caller's id ``mine``."""
+    if path == "/generate":
+        params = {"max_new_tokens": BUDGET}
+        return {"input_ids": [1, 2, 3], "sampling_params": params, "rid": "mine", **extra}
+    params = {"max_tokens": BUDGET}
+    return {"token_ids": [1, 2, 3], "sampling_params": params, "request_id": "mine", **extra}
+
+
+async def across_an_update(c: httpx.AsyncClient, engine: Any, call: Any) -> None:
+    """Run ``call()`` while an abort pause with continue lands mid-generation (v1 -> v2)."""
+    assert (await c.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call)
+        await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
+        paused = await c.post("/admin/pause", json={"engine_mode": "abort", "replay": "continue"})
+        assert paused.status_code == 200, paused.text
+        assert (await c.post("/admin/resume", json={"weight_version": "v2"})).status_code == 200
+
+
 @pytest.mark.parametrize("path", ["/generate", "/inference/v1/generate"])
 async def test_a_token_route_continued_through_the_gateway_keeps_the_callers_id(
     fd_baseline: int, path: str
 ) -> None:
     sglang = path == "/generate"
     options = {"kind": "sglang"} if sglang else {"scale_out": True}
-    budget = 300  # 3 s of decoding: the pause lands mid-generation on a loaded machine too
-    if sglang:
-        body: dict[str, Any] = {
-            "input_ids": [1, 2, 3],
-            "sampling_params": {"max_new_tokens": budget},
-            "rid": "mine",
-        }
-    else:
-        body = {
-            "token_ids": [1, 2, 3],
-            "sampling_params": {"max_tokens": budget},
-            "request_id": "mine",
-        }
+    budget = BUDGET
+    body = route_body(path)
     async with (
         open_sim(decode_ms_per_token=10, **options) as engine,
         open_gateway(engine.url) as gw,
@@ -46,21 +58,11 @@ async def test_a_token_route_continued_through_the_gateway_keeps_the_callers_id(
         await kinds(gw)
         out: list[httpx.Response] = []
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-            assert (await c.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
 
             async def one() -> None:
                 out.append(await c.post(path, json=body))
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(one)
-                await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
-                paused = await c.post(
-                    "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
-                )
-                assert paused.status_code == 200, paused.text
-                assert (
-                    await c.post("/admin/resume", json={"weight_version": "v2"})
-                ).status_code == 200
+            await across_an_update(c, engine, one)
         [r] = out
         assert r.status_code == 200 and r.headers["x-weight-version"] == "v1, v2"
         doc = r.json()
@@ -174,23 +176,8 @@ async def test_tokens_decoded_before_any_version_was_recorded_are_labelled_defau
 async def test_a_token_route_stream_continued_through_the_gateway_keeps_the_callers_id(
     fd_baseline: int, path: str
 ) -> None:
-    sglang = path == "/generate"
+    sglang, budget = path == "/generate", BUDGET
     options = {"kind": "sglang"} if sglang else {"scale_out": True}
-    budget = 300  # 3 s of decoding: the pause lands mid-generation on a loaded machine too
-    if sglang:
-        body: dict[str, Any] = {
-            "input_ids": [1, 2, 3],
-            "sampling_params": {"max_new_tokens": budget},
-            "rid": "mine",
-            "stream": True,
-        }
-    else:
-        body = {
-            "token_ids": [1, 2, 3],
-            "sampling_params": {"max_tokens": budget},
-            "request_id": "mine",
-            "stream": True,
-        }
     async with (
         open_sim(decode_ms_per_token=10, **options) as engine,
         open_gateway(engine.url) as gw,
@@ -198,23 +185,13 @@ async def test_a_token_route_stream_continued_through_the_gateway_keeps_the_call
         await kinds(gw)
         data: list[bytes] = []
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-            assert (await c.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
 
             async def one() -> None:
-                async with c.stream("POST", path, json=body) as r:
+                async with c.stream("POST", path, json=route_body(path, stream=True)) as r:
                     assert r.status_code == 200
                     data.extend([chunk async for chunk in r.aiter_bytes()])
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(one)
-                await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
-                paused = await c.post(
-                    "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
-                )
-                assert paused.status_code == 200, paused.text
-                assert (
-                    await c.post("/admin/resume", json={"weight_version": "v2"})
-                ).status_code == 200
+            await across_an_update(c, engine, one)
         text = b"".join(data)
         assert text.endswith(b"data: [DONE]\n\n") and b'"abort"' not in text
         events = [orjson.loads(e[6:]) for e in text.split(b"\n\n") if e and e != b"data: [DONE]"]
