@@ -24,6 +24,7 @@ __all__ = [
     "COMPLETIONS",
     "CHAT",
     "UNSET",
+    "ABORTS",
     "Events",
     "ChatEvents",
     "sse_event",
@@ -42,6 +43,15 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 #: A budget the caller left to the engine (a continuation names none either).
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()
+#: How an engine's body or event says a choice was aborted: vLLM, SGLang's OpenAI
+#: routes (orjson/FastAPI write no spaces), SGLang's ``/generate``. Byte searches:
+#: an answer is not parsed to find them.
+ABORTS = (
+    b'"finish_reason":"abort"',
+    b'"finish_reason": "abort"',
+    b'"finish_reason":{"type":"abort"',
+    b'"finish_reason": {"type": "abort"',
+)
 _BOUNDARY = re.compile(rb"\r?\n\r?\n")
 _HEAD = ("id", "object", "created", "model")
 # Keys a continuation does not send again: it is one sequence whose prompt (the

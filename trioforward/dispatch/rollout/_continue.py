@@ -29,7 +29,7 @@ from trioforward.codec import UNVERSIONED, span_version
 from trioforward.dispatch.attempts._counts import ContinueCounts
 from trioforward.dispatch.attempts._identity import with_rid
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.dialects._events import COMPLETIONS, DEFAULT_MAX_TOKENS
+from trioforward.dispatch.dialects._events import DEFAULT_MAX_TOKENS
 from trioforward.dispatch.dialects._routes import NATIVE_PATHS, SGLANG
 
 __all__ = [
@@ -52,7 +52,6 @@ log = logging.getLogger("trioforward.dispatch")
 
 CONTINUE = "continue"
 WHOLE = "whole"
-CONTINUABLE_PATH = COMPLETIONS
 
 _ASKED = (b'"return_token_ids":true', b'"return_token_ids": true')
 _KEY = b'token_ids":'  # ends both "token_ids": and "prompt_token_ids":

@@ -29,7 +29,14 @@ import trio
 from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.dialects._events import COMPLETIONS, Events, events_end, payload, split
+from trioforward.dispatch.dialects._events import (
+    ABORTS,
+    COMPLETIONS,
+    Events,
+    events_end,
+    payload,
+    split,
+)
 from trioforward.dispatch.dialects._routes import SGLANG, shape_for
 from trioforward.dispatch.rollout._continue import (
     CONTINUE,
@@ -49,12 +56,6 @@ if TYPE_CHECKING:
 
 __all__ = ["continuing_events", "FOLD_BYTES"]
 
-_ABORTS = (
-    b'"finish_reason":"abort"',
-    b'"finish_reason": "abort"',
-    b'"finish_reason":{"type":"abort"',  # SGLang /generate
-    b'"finish_reason": {"type": "abort"',
-)
 _NO_BUDGET = (
     "an abort pause ended this stream and it cannot be continued: a chat request without"
     " max_completion_tokens / max_tokens, or with tools, response_format or structured outputs"
@@ -86,9 +87,9 @@ async def continuing_events(
         if held:
             held.append(block)
             continue
-        if req.replay == CONTINUE and any(a in block for a in _ABORTS):
+        if req.replay == CONTINUE and any(a in block for a in ABORTS):
             events = split(block)
-            first = next(i for i, e in enumerate(events) if any(a in e for a in _ABORTS))
+            first = next(i for i, e in enumerate(events) if any(a in e for a in ABORTS))
             block = b"".join(events[:first])
             held.extend(events[first:])
             if not block:

@@ -14,7 +14,7 @@ from trioforward._background import open_background_nursery
 from trioforward.dispatch.attempts._dispatch import Dispatcher
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.dialects._events import CHAT, COMPLETIONS
+from trioforward.dispatch.dialects._events import ABORTS, CHAT, COMPLETIONS
 from trioforward.dispatch.dialects._routes import CONTINUED
 from trioforward.dispatch.rollout._continue import CONTINUE, hide_token_ids, spanned, with_span
 from trioforward.dispatch.rollout._continue_tokens import aborted_tokens, continued_tokens
@@ -23,19 +23,10 @@ from trioforward.errors import DispatchAborted, UpstreamBroken
 
 __all__ = ["is_abort_answer", "replaying_request", "replaying_stream"]
 
-_ABORT = b'"finish_reason":"abort"'
-
 
 def is_abort_answer(content: bytes) -> bool:
-    """True if a completion body ends a choice with ``finish_reason: "abort"`` (vLLM,
-    SGLang's OpenAI routes: a request the engine aborted; orjson/FastAPI write no
-    spaces), or, on SGLang's ``/generate``, ``finish_reason: {"type": "abort"}``."""
-    return (
-        _ABORT in content
-        or b'"finish_reason": "abort"' in content
-        or b'"finish_reason":{"type":"abort"' in content
-        or b'"finish_reason": {"type": "abort"' in content
-    )
+    """True if a body ends a choice with ``finish_reason: "abort"`` (:data:`ABORTS`)."""
+    return any(a in content for a in ABORTS)
 
 
 async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
