@@ -19,6 +19,7 @@ __all__ = [
     "Choice",
     "decode_completion",
     "prompt_logprobs_array",
+    "choices_doc",
     "weight_spans",
     "span_version",
     "UNVERSIONED",
@@ -148,6 +149,18 @@ def prompt_logprobs_array(entries: list[Any], prompt: list[int] | None) -> npt.N
     return _prompt_logprobs(entries, prompt)
 
 
+def choices_doc(body: bytes, what: str) -> dict[str, Any]:
+    """``body`` parsed: a JSON object with a ``choices`` list. Raises
+    :class:`CodecError` naming ``what`` (the body's kind) otherwise."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise CodecError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
+        raise CodecError(f"{what} has no 'choices' list")
+    return doc
+
+
 def decode_completion(
     body: bytes, *, require_token_ids: bool = False, weight_version: str | None = None
 ) -> Completion:
@@ -158,12 +171,7 @@ def decode_completion(
     sequence) is an error, not an empty sequence: an engine that ignores the option
     would otherwise hand a trainer samples with no tokens. ``weight_version``: the
     version of a choice that carries no ``weight_versions`` spans (its one span)."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise CodecError(f"completion body is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
-        raise CodecError("completion body has no 'choices' list")
+    doc = choices_doc(body, "completion body")
     choices: list[Choice] = []
     prompt_lp: npt.NDArray[np.float32] | None = None
     for raw in doc["choices"]:

@@ -31,9 +31,10 @@ def continued(
     return head[:first] + tail, head_lp[:first] + tail_lp
 
 
-async def native(client: Any, path: str, body: dict[str, Any]) -> ForwardResponse:
-    """``body`` sent as the gateway's token route sends it (server/_native.py): to
-    engines of the route's kind, SGLang with a fresh ``rid`` per attempt."""
+def routed(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The keywords sending ``body`` as the gateway's token route does
+    (server/_native.py): to engines of the route's kind, SGLang with a fresh
+    ``rid`` per attempt."""
     kind = "sglang" if path == SGLANG else "vllm"
     content = orjson.dumps(body)
 
@@ -42,13 +43,16 @@ async def native(client: Any, path: str, body: dict[str, Any]) -> ForwardRespons
             return path, orjson.dumps({**body, "rid": engine_id})
         return path, content
 
-    return await client.request(
-        "POST",
-        path,
-        content=content,
-        only=lambda e: e.kind == kind and bool(e.token_route),
-        render=render,
-    )
+    return {
+        "content": content,
+        "only": lambda e: e.kind == kind and bool(e.token_route),
+        "render": render,
+    }
+
+
+async def native(client: Any, path: str, body: dict[str, Any]) -> ForwardResponse:
+    """``body`` sent as the gateway's token route sends it (:func:`routed`)."""
+    return await client.request("POST", path, **routed(path, body))
 
 
 async def update(client: Any, version: str) -> None:

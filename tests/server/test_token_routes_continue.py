@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import trio
 from gateway_harness import open_gateway, open_sim
@@ -19,25 +20,37 @@ async def kinds(gw: Any) -> None:
             await client.engines.wait_kind(e.url)
 
 
+BUDGET = 300  # 3 s of decoding: the pause lands mid-generation on a loaded machine too
+
+
+def route_body(path: str, **extra: Any) -> dict[str, Any]:
+    """A token route's body of :data:`BUDGET` tokens with the caller's id ``mine``."""
+    if path == "/generate":
+        params = {"max_new_tokens": BUDGET}
+        return {"input_ids": [1, 2, 3], "sampling_params": params, "rid": "mine", **extra}
+    params = {"max_tokens": BUDGET}
+    return {"token_ids": [1, 2, 3], "sampling_params": params, "request_id": "mine", **extra}
+
+
+async def across_an_update(c: httpx.AsyncClient, engine: Any, call: Any) -> None:
+    """Run ``call()`` while an abort pause with continue lands mid-generation (v1 -> v2)."""
+    assert (await c.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call)
+        await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
+        paused = await c.post("/admin/pause", json={"engine_mode": "abort", "replay": "continue"})
+        assert paused.status_code == 200, paused.text
+        assert (await c.post("/admin/resume", json={"weight_version": "v2"})).status_code == 200
+
+
 @pytest.mark.parametrize("path", ["/generate", "/inference/v1/generate"])
 async def test_a_token_route_continued_through_the_gateway_keeps_the_callers_id(
     fd_baseline: int, path: str
 ) -> None:
     sglang = path == "/generate"
     options = {"kind": "sglang"} if sglang else {"scale_out": True}
-    budget = 300  # 3 s of decoding: the pause lands mid-generation on a loaded machine too
-    if sglang:
-        body: dict[str, Any] = {
-            "input_ids": [1, 2, 3],
-            "sampling_params": {"max_new_tokens": budget},
-            "rid": "mine",
-        }
-    else:
-        body = {
-            "token_ids": [1, 2, 3],
-            "sampling_params": {"max_tokens": budget},
-            "request_id": "mine",
-        }
+    budget = BUDGET
+    body = route_body(path)
     async with (
         open_sim(decode_ms_per_token=10, **options) as engine,
         open_gateway(engine.url) as gw,
@@ -45,21 +58,11 @@ async def test_a_token_route_continued_through_the_gateway_keeps_the_callers_id(
         await kinds(gw)
         out: list[httpx.Response] = []
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-            assert (await c.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
 
             async def one() -> None:
                 out.append(await c.post(path, json=body))
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(one)
-                await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
-                paused = await c.post(
-                    "/admin/pause", json={"engine_mode": "abort", "replay": "continue"}
-                )
-                assert paused.status_code == 200, paused.text
-                assert (
-                    await c.post("/admin/resume", json={"weight_version": "v2"})
-                ).status_code == 200
+            await across_an_update(c, engine, one)
         [r] = out
         assert r.status_code == 200 and r.headers["x-weight-version"] == "v1, v2"
         doc = r.json()
@@ -166,4 +169,40 @@ async def test_tokens_decoded_before_any_version_was_recorded_are_labelled_defau
         spans = doc["meta_info"]["weight_versions"] if sglang else doc["choices"][0]["weight_versions"]
         assert [s["version"] for s in spans] == ["default", "v1"]
         assert spans[-1]["end"] == budget
+        assert await gw.pool_active() == 0
+
+
+@pytest.mark.parametrize("path", ["/generate", "/inference/v1/generate"])
+async def test_a_token_route_stream_continued_through_the_gateway_keeps_the_callers_id(
+    fd_baseline: int, path: str
+) -> None:
+    sglang, budget = path == "/generate", BUDGET
+    options = {"kind": "sglang"} if sglang else {"scale_out": True}
+    async with (
+        open_sim(decode_ms_per_token=10, **options) as engine,
+        open_gateway(engine.url) as gw,
+    ):
+        await kinds(gw)
+        data: list[bytes] = []
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+
+            async def one() -> None:
+                async with c.stream("POST", path, json=route_body(path, stream=True)) as r:
+                    assert r.status_code == 200
+                    data.extend([chunk async for chunk in r.aiter_bytes()])
+
+            await across_an_update(c, engine, one)
+        text = b"".join(data)
+        assert text.endswith(b"data: [DONE]\n\n") and b'"abort"' not in text
+        events = [orjson.loads(e[6:]) for e in text.split(b"\n\n") if e and e != b"data: [DONE]"]
+        if sglang:
+            ids, spans = events[-1]["output_ids"], events[-1]["meta_info"]["weight_versions"]
+            assert {e["meta_info"]["id"] for e in events} == {"mine"}
+        else:
+            ids = [t for e in events for c in e["choices"] for t in c["token_ids"]]
+            spans = events[-1]["choices"][0]["weight_versions"]
+            assert {e["request_id"] for e in events} == {"generate-tokens-mine"}
+        assert len(ids) == budget
+        assert [s["version"] for s in spans] == ["v1", "v2"] and spans[1]["end"] == budget
+        assert engine.stats.tokens_decoded == budget  # nothing decoded twice
         assert await gw.pool_active() == 0

@@ -202,7 +202,7 @@ def _restore(caller: Any, sent: list[str], request_id: str) -> Callable[[bytes],
     (``<request id>.<attempt>``), so a byte replace touches nothing else; the
     relay applies it to whole events only. A request aborted before any attempt
     answers with the gateway's request id in vLLM's ``generate-tokens-<id>``
-    (dispatch/rollout/_abort_answer_native.py): the caller's goes there."""
+    (dispatch/dialects/_abort_answers.py): the caller's goes there."""
     if isinstance(caller, str) and caller:
         unsent = (f'"generate-tokens-{request_id}"'.encode(), f'"generate-tokens-{caller}"'.encode())
 

@@ -10,9 +10,8 @@ import trio
 from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request, strip_response_headers
-from trioforward.dispatch.rollout._abort_answer import abort_tail
-from trioforward.dispatch.rollout._continue import CONTINUABLE_PATH
-from trioforward.dispatch.rollout._continue_chat import CHAT_PATH
+from trioforward.dispatch.dialects._abort_answers import abort_tail
+from trioforward.dispatch.dialects._routes import CONTINUED
 from trioforward.dispatch.rollout._continue_stream import continuing_events
 from trioforward.dispatch.rollout._pause_args import version_label
 from trioforward.http import PoolError
@@ -21,8 +20,6 @@ if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
 
 __all__ = ["ForwardStream"]
-
-_CONTINUED = (CONTINUABLE_PATH, CHAT_PATH)  # streams continued across an abort pause
 
 
 class ForwardStream:
@@ -100,15 +97,16 @@ class ForwardStream:
         return self._req.engine_time_now()
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, in pieces of up to 64 KiB (a ``/v1/completions``
-        or ``/v1/chat/completions`` stream: whole events, continued across an abort pause with
-        ``replay="continue"``, docs/operations.md). A stream an abort call cut ends
+        """The body as it arrives, in pieces of up to 64 KiB (a stream of a route that
+        continues — ``/v1/completions``, ``/v1/chat/completions``, ``/generate``,
+        ``/inference/v1/generate`` —: whole events, continued across an abort pause
+        with ``replay="continue"``, docs/operations.md). A stream an abort call cut ends
         with the abort tail (:func:`abort_tail`), not an error."""
         req, reply = self._req, self._reply
         if reply is None:
             yield abort_tail(req.url_path, req.content, req.request_id)
             return
-        if self._dispatcher is None or req.url_path not in _CONTINUED or reply.body is None:
+        if self._dispatcher is None or req.url_path not in CONTINUED or reply.body is None:
             async for chunk in self._raw():
                 yield chunk
         else:

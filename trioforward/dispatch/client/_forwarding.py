@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
 
@@ -31,19 +31,36 @@ from trioforward.dispatch.attempts._request import (
 from trioforward.dispatch.attempts._tracing import Tracing
 from trioforward.dispatch.attempts._types import ForwardResponse
 from trioforward.dispatch.client._forward_stream import ForwardStream
+from trioforward.dispatch.dialects._events import CHAT, COMPLETIONS
 from trioforward.dispatch.engines._adapters import AdapterRegistry
 from trioforward.dispatch.engines._engines import Engine, Registry
 from trioforward.dispatch.engines._prefix import request_prefix_key
 from trioforward.dispatch.engines._routing import stable_hash
 from trioforward.dispatch.engines._tenants import Tenant, TenantTable
 from trioforward.dispatch.rollout._abort import Aborts, aborted_response
-from trioforward.dispatch.rollout._continue import CONTINUABLE_PATH, ask_token_ids
-from trioforward.dispatch.rollout._continue_chat import CHAT_PATH
+from trioforward.dispatch.rollout._continue import ask_token_ids
 from trioforward.dispatch.rollout._pause_args import version_label
 from trioforward.dispatch.rollout._replay import replaying_request, replaying_stream
 from trioforward.errors import DispatchAborted
 
-__all__ = ["Forwarding"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["Forwarding", "Options"]
+
+
+class Options(TypedDict, total=False):
+    """The keyword options of ``post``, ``request`` and ``stream``, as
+    :meth:`Forwarding.post` describes them."""
+
+    json: Any
+    content: bytes | None
+    headers: HeaderInput
+    session: str | None
+    on_dispatch: OnDispatch | None
+    request_id: str | None
+    group: str | None
+    tenant: str | Tenant | None
 
 
 class Forwarding:
@@ -60,23 +77,17 @@ class Forwarding:
     _prefix_routing: bool
 
     def _request(
-        self,
-        method: str,
-        path: str,
-        json: Any,
-        content: bytes | None,
-        headers: HeaderInput,
-        session: str | None,
-        session_implied: bool = False,
-        request_id: str | None = None,
-        group: str | None = None,
-        tenant: str | Tenant | None = None,
+        self, method: str, path: str, options: Options, session_implied: bool = False
     ) -> Request:
+        """The :class:`Request` of a call: ``options`` as :meth:`post` takes them."""
+        json, content = options.get("json"), options.get("content")
+        request_id, group = options.get("request_id"), options.get("group")
+        session, tenant = options.get("session"), options.get("tenant")
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/': {path!r}")
         if content is None:
             content = b"" if json is None else orjson.dumps(json, option=orjson.OPT_SERIALIZE_NUMPY)
-        pairs, said = prepare_headers(headers, json_body=bool(content))
+        pairs, said = prepare_headers(options.get("headers"), json_body=bool(content))
         session_header = said.session
         # Identity: the keyword, else the header, else one the dispatcher makes.
         if request_id is None:
@@ -113,9 +124,10 @@ class Forwarding:
             method, path, pairs, content, model, is_adapter, session_hash, request_id or "", group,
             tenant=who,
         )
+        req.on_dispatch = options.get("on_dispatch")
         # Chat: streams too (continued across an abort pause); the body read.
-        chat = path == CHAT_PATH and isinstance(json, dict)
-        if (path == CONTINUABLE_PATH or chat) and method == "POST" and self._ids_understood():
+        chat = path == CHAT and isinstance(json, dict)
+        if (path == COMPLETIONS or chat) and method == "POST" and self._ids_understood():
             # Token ids make an aborted completion or chat continuable (docs/operations.md).
             asked = ask_token_ids(content)
             if asked is not None:
@@ -129,18 +141,7 @@ class Forwarding:
         return all(e.kind != "openai" for e in self._registry.engines)
 
     async def post(
-        self,
-        path: str,
-        *,
-        json: Any = None,
-        content: bytes | None = None,
-        headers: HeaderInput = None,
-        session: str | None = None,
-        session_implied: bool = False,
-        on_dispatch: OnDispatch | None = None,
-        request_id: str | None = None,
-        group: str | None = None,
-        tenant: str | Tenant | None = None,
+        self, path: str, *, session_implied: bool = False, **options: Unpack[Options]
     ) -> ForwardResponse:
         """Forward ``POST path`` to an engine and return its answer, whatever its status.
 
@@ -166,37 +167,18 @@ class Forwarding:
         "Tenants"); ``ValueError`` for an unknown name, :class:`~trioforward.errors.TenantQueueFull`
         (429) beyond that tenant's ``max_outstanding``.
         """
-        return await self.request(
-            "POST",
-            path,
-            json=json,
-            content=content,
-            headers=headers,
-            session=session,
-            session_implied=session_implied,
-            on_dispatch=on_dispatch,
-            request_id=request_id,
-            group=group,
-            tenant=tenant,
-        )
+        return await self.request("POST", path, session_implied=session_implied, **options)
 
     async def request(
         self,
         method: str,
         path: str,
         *,
-        json: Any = None,
-        content: bytes | None = None,
-        headers: HeaderInput = None,
-        session: str | None = None,
         session_implied: bool = False,
-        on_dispatch: OnDispatch | None = None,
         span: Any = None,
-        request_id: str | None = None,
-        group: str | None = None,
         only: Callable[[Engine], bool] | None = None,
         render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
-        tenant: str | Tenant | None = None,
+        **options: Unpack[Options],
     ) -> ForwardResponse:
         """As :meth:`post`, with any method (``GET /v1/models`` ...). ``span``: the
         caller's own OpenTelemetry span for this request (the gateway's server
@@ -204,10 +186,7 @@ class Forwarding:
         caller ends it. ``only(engine)``: the engines it may go to (None: any);
         ``render(engine, engine_id) -> (path, body)``: each attempt's body (None:
         ``content`` as it is; docs/dispatch.md, "Engine dialects")."""
-        req = self._request(
-            method, path, json, content, headers, session, session_implied, request_id, group, tenant
-        )
-        req.on_dispatch = on_dispatch
+        req = self._request(method, path, options, session_implied)
         req.only, req.render = only, render
         return await self._answer(req, span)
 
@@ -244,29 +223,18 @@ class Forwarding:
         self,
         path: str,
         *,
-        json: Any = None,
-        content: bytes | None = None,
-        headers: HeaderInput = None,
-        session: str | None = None,
         method: str = "POST",
-        on_dispatch: OnDispatch | None = None,
         span: Any = None,
-        request_id: str | None = None,
-        group: str | None = None,
         only: Callable[[Engine], bool] | None = None,
         render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
-        tenant: str | Tenant | None = None,
+        **options: Unpack[Options],
     ) -> AsyncIterator[ForwardStream]:
         """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
         body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
         exits; leaving before the end closes the upstream connection (the engine aborts).
         ``span`` and ``only`` as for :meth:`request`; the spans end when the block exits.
         """
-        req = self._request(
-            method, path, json, content, headers, session,
-            request_id=request_id, group=group, tenant=tenant,
-        )
-        req.on_dispatch = on_dispatch
+        req = self._request(method, path, options)
         req.only, req.render = only, render
         replies = replaying_stream(self._dispatcher, req)
         if self._tracing is not None:

@@ -16,13 +16,12 @@ import orjson
 from trioforward.codec import Completion
 from trioforward.dispatch.attempts._request import HeaderInput
 from trioforward.dispatch.attempts._types import ForwardResponse
-from trioforward.dispatch.client._forwarding import Forwarding
+from trioforward.dispatch.client._forwarding import Forwarding, Options
 from trioforward.dispatch.dialects import _dialect_completions
 from trioforward.dispatch.dialects._complete import (
     Rendering,
-    completion_body,
+    complete_call,
     completion_of,
-    token_request,
 )
 from trioforward.dispatch.dialects._dialect import TokenRequest
 from trioforward.dispatch.engines._tenants import Tenant
@@ -67,7 +66,7 @@ class Sampling(Forwarding):
         ``return_token_ids`` in ``extra``. ``request_id`` and ``group`` as for
         :meth:`post`; the completion's ``.request_id`` is the request's id.
         """
-        args: dict[str, Any] = dict(
+        request, body = complete_call(
             model=model,
             prompt=prompt,
             max_tokens=max_tokens,
@@ -80,9 +79,9 @@ class Sampling(Forwarding):
             prompt_logprobs=prompt_logprobs,
             extra=extra,
         )
-        content = orjson.dumps(completion_body(**args), option=orjson.OPT_SERIALIZE_NUMPY)
+        content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         return await self.sample(
-            token_request(**args),
+            request,
             session=session,
             completions_body=content,
             request_id=request_id,
@@ -143,17 +142,8 @@ class Sampling(Forwarding):
             completions_body = _dialect_completions.render(request, "")[1]
         rendering = Rendering(request, completions_body)
         json = {"model": request.model, "prompt": request.prompt}
-        req = self._request(
-            "POST",
-            _dialect_completions.PATH,
-            json,
-            completions_body,
-            headers,
-            session,
-            session_implied,
-            request_id,
-            group,
-            tenant,
-        )
+        options = Options(json=json, content=completions_body, headers=headers, session=session)
+        options.update(Options(request_id=request_id, group=group, tenant=tenant))
+        req = self._request("POST", _dialect_completions.PATH, options, session_implied)
         req.render = rendering
         return await self._answer(req), rendering.parse

@@ -18,22 +18,14 @@ from trioforward.dispatch.dialects._dialect import Dialect, TokenRequest, dialec
 from trioforward.dispatch.engines._engines import Engine
 from trioforward.errors import EngineRejected
 
-__all__ = ["completion_body", "completion_of", "token_request", "Rendering"]
+__all__ = ["complete_call", "completion_of", "Rendering"]
 
 # complete() sets these itself: a stream would not decode, and without token ids
 # every choice's token array would be empty.
 _UNDECODABLE = frozenset({"stream", "return_token_ids"})
 
 
-def _check_extra(extra: dict[str, Any]) -> None:
-    """``ValueError`` for the fields ``complete()`` sets itself, given in ``extra``."""
-    if wrong := _UNDECODABLE.intersection(extra):
-        raise ValueError(
-            f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()"
-        )
-
-
-def completion_body(
+def complete_call(
     *,
     model: str,
     prompt: Sequence[int] | Any,
@@ -46,11 +38,15 @@ def completion_body(
     stop_token_ids: list[int] | None,
     prompt_logprobs: int | None,
     extra: dict[str, Any],
-) -> dict[str, Any]:
-    """The JSON body of ``Client.complete`` (always ``return_token_ids``; ``logprobs: 1``
-    when ``logprobs``; optional fields only when given; ``extra`` last). Raises
+) -> tuple[TokenRequest, dict[str, Any]]:
+    """``Client.complete``'s arguments as a :class:`TokenRequest` and its
+    ``/v1/completions`` JSON body (always ``return_token_ids``; ``logprobs: 1`` when
+    ``logprobs``; optional fields only when given; ``extra`` last). Raises
     ``ValueError`` for ``stream`` or ``return_token_ids`` in ``extra``."""
-    _check_extra(extra)
+    if wrong := _UNDECODABLE.intersection(extra):
+        raise ValueError(
+            f"complete() sets {', '.join(sorted(wrong))} itself; use client.stream() or client.post()"
+        )
     body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
@@ -59,38 +55,11 @@ def completion_body(
         "temperature": temperature,
         "return_token_ids": True,
     }
-    if logprobs:
-        body["logprobs"] = 1
-    if seed is not None:
-        body["seed"] = seed
-    if stop is not None:
-        body["stop"] = stop
-    if stop_token_ids is not None:
-        body["stop_token_ids"] = stop_token_ids
-    if prompt_logprobs is not None:
-        body["prompt_logprobs"] = prompt_logprobs
+    optional: dict[str, Any] = {"logprobs": 1 if logprobs else None, "seed": seed, "stop": stop}
+    optional.update(stop_token_ids=stop_token_ids, prompt_logprobs=prompt_logprobs)
+    body.update((k, v) for k, v in optional.items() if v is not None)
     body.update(extra)
-    return body
-
-
-def token_request(
-    *,
-    model: str,
-    prompt: Sequence[int] | Any,
-    max_tokens: int,
-    n: int,
-    temperature: float,
-    seed: int | None,
-    logprobs: bool,
-    stop: str | list[str] | None,
-    stop_token_ids: list[int] | None,
-    prompt_logprobs: int | None,
-    extra: dict[str, Any],
-) -> TokenRequest:
-    """``Client.complete``'s arguments as a :class:`TokenRequest` (raises
-    ``ValueError`` as :func:`completion_body`)."""
-    _check_extra(extra)
-    return TokenRequest(
+    request = TokenRequest(
         model=model,
         prompt=[int(t) for t in prompt],
         max_tokens=max_tokens,
@@ -103,6 +72,7 @@ def token_request(
         prompt_logprobs=bool(prompt_logprobs),
         extra=dict(extra),
     )
+    return request, body
 
 
 class Rendering:
@@ -133,7 +103,7 @@ class Rendering:
 def completion_of(
     response: ForwardResponse, parse: Callable[[bytes, str | None], Completion] | None = None
 ) -> Completion:
-    """The :class:`Completion` of an engine answer to :func:`completion_body`, with
+    """The :class:`Completion` of an engine answer to a token-level request, with
     the dispatch's engine, attempts and times. Raises :class:`EngineRejected` for
     a non-2xx answer and :class:`~trioforward.codec.CodecError` for a body that is
     not a completion or has no ``token_ids``."""

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from trioforward.codec import Completion, decode_completion
-from trioforward.dispatch.dialects._dialect import TokenRequest
+from trioforward.dispatch.dialects._dialect import TokenRequest, route_sampling_params
 
 __all__ = ["PATH", "body", "render", "parse"]
 
@@ -27,28 +27,15 @@ PATH = "/v1/completions"
 
 def body(request: TokenRequest) -> dict[str, Any]:
     """The JSON body (optional fields only when set; ``extra`` last)."""
-    out: dict[str, Any] = {
-        "model": request.model,
-        "prompt": request.prompt,
-        "max_tokens": request.max_tokens,
-        "n": request.n,
-        "temperature": request.temperature,
-        "return_token_ids": True,
-    }
-    if request.top_p != 1.0:
-        out["top_p"] = request.top_p
-    if request.top_k != -1:
-        out["top_k"] = request.top_k
+    out: dict[str, Any] = {"model": request.model, "prompt": request.prompt}
+    out.update(route_sampling_params(request, max_tokens="max_tokens", seed="seed"))
+    if request.top_p == 1.0:
+        del out["top_p"]
+    if request.top_k == -1:
+        del out["top_k"]
+    out["return_token_ids"] = True
     if request.logprobs:
         out["logprobs"] = 1
-    if request.seed is not None:
-        out["seed"] = request.seed
-    if request.stop is not None:
-        out["stop"] = request.stop
-    if request.stop_token_ids is not None:
-        out["stop_token_ids"] = request.stop_token_ids
-    if request.ignore_eos:
-        out["ignore_eos"] = True
     if request.prompt_logprobs:
         out["prompt_logprobs"] = 1
     out.update(request.extra)

@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 import orjson
 
-from trioforward.codec import Choice, CodecError, Completion, prompt_logprobs_array, weight_spans
+from trioforward.codec import (
+    Choice,
+    CodecError,
+    Completion,
+    choices_doc,
+    prompt_logprobs_array,
+    weight_spans,
+)
 from trioforward.dispatch.dialects._dialect import TokenRequest, route_sampling_params
 
 __all__ = ["PATH", "render", "parse"]
@@ -59,12 +66,7 @@ def _logprobs(block: Any) -> np.ndarray | None:
 
 
 def parse(content: bytes, request: TokenRequest, weight_version: str | None = None) -> Completion:
-    try:
-        doc = orjson.loads(content)
-    except orjson.JSONDecodeError as exc:
-        raise CodecError(f"generate body is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("choices"), list):
-        raise CodecError("generate body has no 'choices' list")
+    doc = choices_doc(content, "generate body")
     choices: list[Choice] = []
     for raw in doc["choices"]:
         ids = raw.get("token_ids") if isinstance(raw, dict) else None

@@ -18,7 +18,7 @@ groups of the last finished ones, so an abort can say what was already done.
   seconds, has its connection closed (a stream is cut where it is, so its
   caller still gets a well-formed end);
 - every aborted request is marked ``aborted_by_call``: its caller gets a normal
-  answer (the engine's, or :mod:`._abort_answer`'s), and neither a replay nor a
+  answer (the engine's, or one of :mod:`~trioforward.dispatch.dialects._abort_answers`), and neither a replay nor a
   continuation after a weight update ever runs it again.
 
 The call returns once every request it aborted has left the client (answered),
@@ -38,8 +38,8 @@ import trio
 from trioforward.dispatch.attempts._identity import SGLANG_RID_PATHS
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.attempts._types import ForwardResponse
+from trioforward.dispatch.dialects._abort_answers import abort_body, generate_items, prompt_count
 from trioforward.dispatch.engines._engines import Engine
-from trioforward.dispatch.rollout._abort_answer import abort_body, generate_items, prompt_count
 from trioforward.dispatch.rollout._engine_control import EngineControl, EngineControlError
 from trioforward.dispatch.rollout._pause_args import version_label
 
@@ -241,7 +241,7 @@ class Aborts:
 
 def aborted_response(req: Request, weight_version: str | None) -> ForwardResponse:
     """The answer of ``req``, aborted by an abort call before any engine answered
-    it: 200, every choice empty with ``finish_reason: "abort"`` (:mod:`._abort_answer`)."""
+    it: 200, every choice empty with ``finish_reason: "abort"`` (:mod:`~trioforward.dispatch.dialects._abort_answers`)."""
     return ForwardResponse(
         200,
         [(b"content-type", b"application/json")],

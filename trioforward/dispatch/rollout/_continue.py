@@ -6,15 +6,16 @@ pause ended (``finish_reason: "abort"``, 200, the tokens so far as vLLM 0.32 and
 SGLang send them) is not handed out and not re-run whole: each aborted choice
 is sent again, on its own (``n: 1``), as its prompt token ids + the tokens it
 generated, with the caller's sampling parameters and the budget left, once the
-engines resume. The segments are joined into the one answer the caller asked
-for (:func:`joined_answer`), with per-choice ``weight_versions`` spans
+engines resume. The segments are joined (:class:`Generation`) into the one
+answer the caller asked for, with per-choice ``weight_versions`` spans
 ``[{"version", "start", "end"}]`` over output positions, ``end`` exclusive (the
 shape of vLLM 0.32's ``WeightVersionSpan`` and SGLang's ``meta_info``).
 
 The gateway asks the engine for token ids (``return_token_ids``) when a
 ``/v1/completions`` caller did not (:func:`ask_token_ids`), and takes them out
 of the answer again (:func:`hide_token_ids`): the caller gets the shape it
-asked for. Streams are continued in :mod:`._continue_stream`.
+asked for. Whole answers are continued in :mod:`._continue_whole`, streams in
+:mod:`._continue_stream`, both through the one loop of :mod:`._continuing`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import orjson
 
 from trioforward.codec import UNVERSIONED, span_version
 from trioforward.dispatch.attempts._counts import ContinueCounts
+from trioforward.dispatch.attempts._identity import with_rid
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.dialects._events import COMPLETIONS, DEFAULT_MAX_TOKENS
+from trioforward.dispatch.dialects._events import DEFAULT_MAX_TOKENS
+from trioforward.dispatch.dialects._routes import NATIVE_PATHS, SGLANG
 
 __all__ = [
     "CONTINUE",
@@ -37,8 +40,6 @@ __all__ = [
     "ask_token_ids",
     "hide_token_ids",
     "Generation",
-    "continuation_body",
-    "joined_answer",
     "spanned",
     "with_span",
     "is_length_refusal",
@@ -51,13 +52,9 @@ log = logging.getLogger("trioforward.dispatch")
 
 CONTINUE = "continue"
 WHOLE = "whole"
-CONTINUABLE_PATH = COMPLETIONS
 
 _ASKED = (b'"return_token_ids":true', b'"return_token_ids": true')
 _KEY = b'token_ids":'  # ends both "token_ids": and "prompt_token_ids":
-# Keys a continuation does not send again: it is one sequence, read whole, whose
-# prompt (the caller's prompt + the tokens so far) needs no echo or prompt logprobs.
-_DROPPED = ("stream", "stream_options", "echo", "prompt_logprobs", "n", "best_of", "suffix")
 
 
 def replay_mode(value: Any) -> str | None:
@@ -132,36 +129,35 @@ def is_length_refusal(status: int, content: bytes) -> bool:
     return status == 400 and b"context length" in content
 
 
+_LOGPROBS = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
+
+
 class Generation:
     """One choice's segments: tokens, logprobs, text and weight-version spans so far.
 
-    ``prompt``: its prompt token ids; ``choice``: the first segment's choice dict
-    (kept for the fields a continuation does not change); ``tokens``: every
-    generated id; ``continuations``: how many times it was sent again.
+    ``prompt``: its prompt token ids; ``choice``: the first segment (kept for the
+    fields a continuation does not change); ``last``: the last segment;
+    ``tokens``: every generated id; ``logprobs``: the per-token lists of the
+    segments' ``logprobs`` blocks joined (the completion keys, or the block's
+    own); ``continuations``: how many times it was sent again; ``index``: its
+    position in the caller's answer.
     """
 
     __slots__ = (
-        "prompt",
-        "choice",
-        "tokens",
-        "logprobs",
-        "text",
-        "spans",
-        "finish",
-        "stop",
-        "continuations",
-        "sent",
-    )
+        "prompt", "choice", "last", "tokens", "logprobs", "text", "spans", "finish", "stop",
+        "continuations", "sent", "index",
+    )  # fmt: skip
 
-    def __init__(self, choice: dict[str, Any], prompt: list[int], version: str | None) -> None:
+    def __init__(
+        self, choice: dict[str, Any], prompt: list[int], version: str | None, index: int = 0
+    ) -> None:
         self.prompt = prompt
-        self.choice = choice
+        self.choice = self.last = choice
+        self.index = index
         self.tokens: list[int] = []
         block = choice.get("logprobs")
         self.logprobs: dict[str, list[Any]] | None = (
-            {k: [] for k in ("text_offset", "token_logprobs", "tokens", "top_logprobs")}
-            if isinstance(block, dict)
-            else None
+            {k: [] for k in (block or _LOGPROBS)} if isinstance(block, dict) else None
         )
         self.text = ""
         self.spans: list[dict[str, Any]] = []
@@ -171,10 +167,11 @@ class Generation:
         self.sent = (0, 0, 0)  # tokens, text, logprob entries a stream's caller has
         self.add(choice, version)
 
-    def add(self, choice: dict[str, Any], version: str | None, shift: bool = True) -> None:
-        """Append one segment (an engine choice with ``token_ids``) made under
-        ``version``; ``shift``: its ``text_offset`` counts from its own text (a
-        continuation), not from the generation's (a stream's deltas)."""
+    def add(self, choice: dict[str, Any], version: str | None, base: int | None = None) -> None:
+        """Append one segment (a choice with ``token_ids``) made under ``version``;
+        its ``text_offset`` counts from ``base`` characters of the text (default:
+        the text so far, a whole continuation's; a stream's deltas count from
+        their stream's start)."""
         ids = choice.get("token_ids") or []
         start = len(self.tokens)
         version = span_version(version)
@@ -186,24 +183,29 @@ class Generation:
         self.tokens.extend(ids)
         block = choice.get("logprobs")
         if self.logprobs is not None and isinstance(block, dict):
-            by = len(self.text) if shift else 0
-            self.logprobs["text_offset"].extend(o + by for o in block.get("text_offset") or [])
-            for key in ("token_logprobs", "tokens", "top_logprobs"):
-                self.logprobs[key].extend(block.get(key) or [])
+            by = len(self.text) if base is None else base
+            for key, values in self.logprobs.items():
+                got = block.get(key) or []
+                values.extend([o + by for o in got] if by and key == "text_offset" else got)
         self.text += choice.get("text") or ""
         self.finish = choice.get("finish_reason")
         self.stop = choice.get("stop_reason")
+        self.last = choice
+
+    def position(self) -> tuple[int, int, int]:
+        """Tokens, text and logprob entries so far."""
+        lists = self.logprobs
+        return (len(self.tokens), len(self.text), max(map(len, lists.values())) if lists else 0)
 
     def mark(self) -> None:
         """Record what a stream's caller has received so far (:meth:`tail`)."""
-        lps = len(self.logprobs["tokens"]) if self.logprobs is not None else 0
-        self.sent = (len(self.tokens), len(self.text), lps)
+        self.sent = self.position()
 
     def tail(self, ids: bool) -> dict[str, Any]:
         """One stream event's choice with everything after :meth:`mark`: the new
         tokens, text and logprobs, the last finish, and the spans of the whole."""
         tokens, text, lps = self.sent
-        out: dict[str, Any] = {"index": 0, "text": self.text[text:]}
+        out: dict[str, Any] = {"index": self.index, "text": self.text[text:]}
         out["logprobs"] = (
             None
             if self.logprobs is None
@@ -213,8 +215,12 @@ class Generation:
         out["stop_reason"] = self.stop
         out["prompt_token_ids"] = None
         out["token_ids"] = self.tokens[tokens:] if ids else None
-        out["weight_versions"] = self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
+        out["weight_versions"] = self.versions()
         return out
+
+    def versions(self) -> list[dict[str, Any]]:
+        """The ``weight_versions`` spans (one empty span when no token was generated)."""
+        return self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
 
     def end(self, finish: str) -> None:
         """End here with ``finish`` (a continuation the engine refused: ``"length"``)."""
@@ -232,8 +238,7 @@ class Generation:
         out["token_ids"] = self.tokens if ids else None
         if "prompt_token_ids" in out and not ids:
             out["prompt_token_ids"] = None
-        spans = self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}]
-        out["weight_versions"] = spans
+        out["weight_versions"] = self.versions()
         return out
 
 
@@ -293,46 +298,11 @@ def spanned(content: bytes, version: str | None, ids: bool) -> bytes:
     return orjson.dumps(doc)
 
 
-def continuation_body(
-    body: dict[str, Any], gen: Generation, left: int, stream: bool = False
-) -> bytes:
-    """The ``/v1/completions`` body continuing ``gen``: prompt ids + tokens so far,
-    ``n: 1``, ``max_tokens: left``, token ids asked, the caller's other fields;
-    ``stream``: streamed (without a usage chunk)."""
-    out = {k: v for k, v in body.items() if k not in _DROPPED}
-    out["prompt"] = gen.prompt + gen.tokens
-    out["max_tokens"] = left
-    out["return_token_ids"] = True
-    if stream:
-        out["stream"] = True
-    return orjson.dumps(out)
-
-
-def joined_answer(doc: dict[str, Any], gens: list[Generation], ids: bool) -> bytes:
-    """The one answer of a continued completion: the first answer's envelope, each
-    choice joined from its segments, usage over every generated token."""
-    out = dict(doc)
-    out["choices"] = [g.rendered(i_choice(doc, n), ids) for n, g in enumerate(gens)]
-    use = dict(doc.get("usage") or {})
-    prompt = int(use.get("prompt_tokens") or 0)
-    completion = sum(len(g.tokens) for g in gens)
-    use["completion_tokens"] = completion
-    use["total_tokens"] = prompt + completion
-    out["usage"] = use
-    return orjson.dumps(out)
-
-
-def i_choice(doc: dict[str, Any], n: int) -> int:
-    """The ``index`` of the ``n``-th choice of ``doc`` (its own, else its position)."""
-    choice = doc["choices"][n]
-    index = choice.get("index") if isinstance(choice, dict) else None
-    return index if isinstance(index, int) else n
-
-
 def derived(req: Request, content: bytes, path: str | None = None) -> Request:
     """A fresh request carrying one continuation: ``req``'s route (or ``path``),
     headers and routing key and tenant with body ``content``, admitted already (it
-    does not count again against ``max_outstanding``, the client's or the tenant's)."""
+    does not count again against ``max_outstanding``, the client's or the tenant's);
+    on SGLang's ``/generate``, to the caller's engines with a fresh ``rid`` per attempt."""
     sub = Request(
         req.method,
         path or req.url_path,
@@ -344,5 +314,9 @@ def derived(req: Request, content: bytes, path: str | None = None) -> Request:
         tenant=req.tenant,
     )
     sub.on_dispatch = req.on_dispatch
+    if sub.url_path in NATIVE_PATHS:  # the engines' own routes: the caller's engines
+        sub.only = req.only
+    if sub.url_path == SGLANG:  # with a fresh rid per attempt
+        sub.render = lambda engine, engine_id: (SGLANG, with_rid(content, engine_id))
     sub.admitted = True  # the same request: admitted once, under req's admission
     return sub

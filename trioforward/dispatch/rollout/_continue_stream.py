@@ -1,18 +1,25 @@
-"""A ``/v1/completions`` stream an abort pause ended, continued as one unbroken stream.
+"""A stream an abort pause ended, continued as one unbroken stream, on every route
+that streams: ``/v1/completions``, ``/v1/chat/completions``, SGLang ``/generate``
+and vLLM ``/inference/v1/generate`` (docs/operations.md, "Continue after an
+abort pause").
 
-With ``replay="continue"`` (docs/operations.md, "Continue after an abort pause")
-a stream whose head went out is held open through the pause: its events are
-relayed as they come until the engine's abort events (``finish_reason:
-"abort"``), which are held back with the usage chunk and ``[DONE]``; the
-dispatch gives its engine capacity back at once (``reply.release()``), and
-after the resume each aborted choice is continued as a stream of its own whose
-events are relayed as they come, token by token
-(:mod:`._continue_substream`, in the stream's nursery ``req.tasks``), then the
-usage chunk (``stream_options.include_usage``, over every token) and ``[DONE]``.
+With ``replay="continue"`` a stream whose head went out is held open through
+the pause: its events are relayed as they come until the engine's abort events,
+which are held back with what follows; the dispatch gives its engine capacity
+back at once (``reply.release()``), and after the resume each aborted choice
+goes on through the one continue loop (:func:`~._continuing.continue_piece`)
+with a streamed step: sent again as a stream of its own (the OpenAI routes on
+``/v1/completions``, the token routes on their own), its events relayed in the
+caller's shape as they come, token by token, in the stream's nursery
+``req.tasks``; then the caller's closing events (usage, ``[DONE]``). The wire
+shapes are the dialects' (:mod:`~trioforward.dispatch.dialects._events`,
+:mod:`~trioforward.dispatch.dialects._streams`). :func:`continuing_events` is
+the entry.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +29,15 @@ import trio
 from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply, gateway_error
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.dialects._events import COMPLETIONS, Events, events_for
+from trioforward.dispatch.dialects._events import (
+    ABORTS,
+    COMPLETIONS,
+    Events,
+    events_end,
+    payload,
+    split,
+)
+from trioforward.dispatch.dialects._routes import SGLANG, shape_for
 from trioforward.dispatch.rollout._continue import (
     CONTINUE,
     Generation,
@@ -30,14 +45,8 @@ from trioforward.dispatch.rollout._continue import (
     hide_token_ids,
     warn_no_token_ids,
 )
-from trioforward.dispatch.rollout._continue_substream import (
-    continue_all,
-    events_end,
-    payload,
-    sent,
-    split,
-)
-from trioforward.dispatch.rollout._continuing import absorb
+from trioforward.dispatch.rollout._continue_whole import Shaped
+from trioforward.dispatch.rollout._continuing import absorb, continue_each, continue_piece
 from trioforward.dispatch.rollout._stream_spans import StreamSpans
 from trioforward.errors import DispatchAborted, TrioforwardError
 from trioforward.http import PoolError
@@ -45,10 +54,12 @@ from trioforward.http import PoolError
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
 
-__all__ = ["continuing_events"]
+__all__ = ["continuing_events", "FOLD_BYTES"]
 
-_ABORTS = (b'"finish_reason":"abort"', b'"finish_reason": "abort"')
-_DONE = b"data: [DONE]\n\n"
+_NO_BUDGET = (
+    "an abort pause ended this stream and it cannot be continued: a chat request without"
+    " max_completion_tokens / max_tokens, or with tools, response_format or structured outputs"
+)
 
 
 async def continuing_events(
@@ -57,11 +68,13 @@ async def continuing_events(
     """The bytes to relay of stream ``reply`` (raw chunks from ``source``): whole
     events only, token ids hidden when the gateway asked for them, and continued
     past an abort pause with ``replay="continue"``. Raises the dispatch errors of a
-    continuation, :class:`DispatchAborted` when it cannot be continued."""
+    continuation, :class:`DispatchAborted` when it cannot be continued (the token
+    routes relay the engine's abort events instead: their clients read them)."""
     seen = _Seen(req)  # events relayed: kept, folded into token lists past FOLD_BYTES
     spans = None
     if req.url_path == COMPLETIONS and StreamSpans.wanted(req, dispatcher):
         spans = StreamSpans(req, dispatcher)
+    last_only = req.url_path == SGLANG  # each event has every token so far
     held: list[bytes] = []
     partial = b""
     async for chunk in source:
@@ -74,14 +87,14 @@ async def continuing_events(
         if held:
             held.append(block)
             continue
-        if req.replay == CONTINUE and any(a in block for a in _ABORTS):
+        if req.replay == CONTINUE and any(a in block for a in ABORTS):
             events = split(block)
-            first = next(i for i, e in enumerate(events) if any(a in e for a in _ABORTS))
+            first = next(i for i, e in enumerate(events) if any(a in e for a in ABORTS))
             block = b"".join(events[:first])
             held.extend(events[first:])
             if not block:
                 continue
-        seen.add(block)
+        seen.add(block, last_only)
         seen.relayed = True
         if spans is not None:
             block = spans.block(block)
@@ -104,21 +117,16 @@ async def _restarted(dispatcher: Dispatcher, req: Request) -> AsyncIterator[byte
     try:
         async with dispatcher.stream(sub) as answer:
             if answer.body is None:  # refused: its whole body is read
-                text = answer.content[:300].decode("utf-8", "replace")
-                raise sub.stamp(
-                    DispatchAborted(
-                        f"the replay after an abort pause failed: engine {answer.engine.url}"
-                        f" answered {answer.status}: {text}",
-                        phase=sub.phase,
-                    )
-                )
-            async for out in continuing_events(dispatcher, sub, answer, _read(sub, answer)):
+                raise sub.stamp(_failed("the replay", answer, sub))
+            async for out in continuing_events(dispatcher, sub, answer, _chunks(sub, answer)):
                 yield out
     finally:
         absorb(req, sub)
 
 
-async def _read(sub: Request, answer: Reply) -> AsyncIterator[bytes]:
+async def _chunks(sub: Request, answer: Reply) -> AsyncIterator[bytes]:
+    """The body of stream ``answer`` as it comes; a broken read raises the
+    gateway's error for it, stamped with ``sub``'s attempts."""
     assert answer.body is not None
     try:
         async for chunk in answer.body.aiter_bytes():
@@ -129,83 +137,144 @@ async def _read(sub: Request, answer: Reply) -> AsyncIterator[bytes]:
         raise sub.stamp(error) from exc
 
 
+def _failed(what: str, answer: Reply, req: Request) -> DispatchAborted:
+    text = answer.content[:300].decode("utf-8", "replace")
+    return DispatchAborted(
+        f"{what} after an abort pause failed: engine {answer.engine.url} answered"
+        f" {answer.status}: {text}",
+        phase=req.phase,
+    )
+
+
 async def _continued(
     dispatcher: Dispatcher, req: Request, reply: Reply, seen: _Seen, held: list[bytes]
 ) -> AsyncIterator[bytes]:
     counts = dispatcher.continued
-    shape = seen.shape = seen.shape or events_for(req.url_path, orjson.loads(req.content))
-    body = shape.body
-    budget = shape.budget()
-    if budget is None:
-        raise req.stamp(
-            DispatchAborted(
-                "an abort pause ended this stream and it cannot be continued: a chat"
-                " request without max_completion_tokens / max_tokens, or with tools,"
-                " response_format or structured outputs",
-                phase=req.phase,
-            )
-        )
-    seen.fold()
-    if seen.broken:
-        warn_no_token_ids(counts, reply.engine.url)
-        raise req.stamp(
-            DispatchAborted(
-                "an abort pause ended this stream and the engine sent no token ids:"
-                " it cannot be continued",
-                phase=req.phase,
-            )
-        )
-    gens, head, usage = seen.gens, seen.head, seen.usage
-    for g in gens.values():
-        g.mark()  # what the caller has: the held events' tokens go out from here
-    if not _parse(held, gens, head, usage, req, shape):
-        seen.broken = True
-        warn_no_token_ids(counts, reply.engine.url)
-        raise req.stamp(
-            DispatchAborted("the engine's abort events carry no token ids", phase=req.phase)
-        )
+    shape = seen.shaped()
+    failed = None if shape.continuable() else _NO_BUDGET
+    if failed is None:
+        seen.fold()
+        for g in seen.gens.values():
+            g.mark()  # what the caller has: the held events' tokens go out from here
+        if seen.broken:
+            failed = "an abort pause ended this stream and the engine sent no token ids: it cannot be continued"
+        elif not seen.parse(held):
+            seen.broken = True
+            failed = "the engine's abort events carry no token ids"
+    gens = seen.gens
     aborted = {i: g for i, g in gens.items() if g.finish == "abort"}
-    for g in aborted.values():
-        g.prompt = g.prompt or shape.known_prompt()  # chat: the stream's one prompt
-    if not seen.relayed and not any(g.tokens for g in gens.values()):
-        if not all(g.prompt for g in aborted.values()):
-            counts.whole += 1
-            async for event in _restarted(dispatcher, req):
-                yield event
+    if failed is None:
+        for g in aborted.values():
+            g.prompt = g.prompt or shape.known_prompt(g.index)  # chat: the stream's one prompt
+        if not seen.relayed and not any(g.tokens for g in gens.values()):
+            if not all(g.prompt for g in aborted.values()):
+                counts.whole += 1
+                async for event in _restarted(dispatcher, req):
+                    yield event
+                return
+        if any(not g.prompt for g in aborted.values()):
+            failed = "no prompt_token_ids to continue from"
+    if failed is not None:
+        if failed is not _NO_BUDGET:
+            warn_no_token_ids(counts, reply.engine.url)
+        if shape.native:
+            yield b"".join(held)  # the engine's own abort events: its clients read them
             return
-    if any(not g.prompt for g in aborted.values()):
-        warn_no_token_ids(counts, reply.engine.url)
-        raise req.stamp(DispatchAborted("no prompt_token_ids to continue from", phase=req.phase))
+        raise req.stamp(DispatchAborted(failed, phase=req.phase))
     counts.answers += 1
     counts.tokens_kept += sum(len(g.tokens) for g in aborted.values())
-    ids = not req.asked_ids
-    head = {k: head.get(k) for k in ("id", "object", "created", "model")}
+    ids, head = not req.asked_ids, seen.head
     for index, gen in sorted(gens.items()):
-        if gen.finish != "abort" and gen.sent != sent(gen):
-            yield shape.event(head, gen.tail(ids), index)  # a choice that ended in the held events
+        if gen.finish != "abort" and gen.sent != gen.position():
+            yield shape.event(head, gen, gen.tail(ids), index)  # it ended in the held events
         elif gen.finish == "abort":
             gen.finish = None  # goes on: its held tokens go out with the continuation's first event
     assert req.tasks is not None, "a continued stream is read inside client.stream()"
     send, receive = trio.open_memory_channel[Any](1)
-    req.tasks.start_soon(continue_all, dispatcher, req, shape, aborted, budget, head, send)
+    step = _Streamed(req, shape, head, send)
+    req.tasks.start_soon(_continue_all, dispatcher, req, step, list(aborted.values()))
     async with receive:
         async for item in receive:
             if isinstance(item, TrioforwardError):
                 raise item
             yield item
-    out = []
-    options = body.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage"):
-        prompt = int(usage[-1].get("prompt_tokens") or 0) if usage else 0
-        completion = sum(len(g.tokens) for g in gens.values())
-        use = {
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + completion,
-            "completion_tokens": completion,
-        }
-        out.append(b"data: " + orjson.dumps({**head, "choices": [], "usage": use}) + b"\n\n")
-    out.append(_DONE)
-    yield b"".join(out)
+    yield shape.closing(head, list(gens.values()), seen.usage)
+
+
+async def _continue_all(
+    dispatcher: Dispatcher, req: Request, step: _Streamed, aborted: list[Generation]
+) -> None:
+    """Continue every aborted choice at once with ``step`` (its events go into
+    ``step.out``); the first dispatch error or refusal ends the others and goes
+    into ``step.out``."""
+    async with step.out:
+        try:
+            refused = await continue_each(
+                aborted, lambda gen, failure: continue_piece(dispatcher, req, gen, failure, step)
+            )
+            if refused is not None:
+                raise req.stamp(_failed("the continuation", refused, req))
+        except TrioforwardError as exc:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await step.out.send(exc)
+
+
+class _Streamed(Shaped):
+    """A stream's choice continued (:class:`~._continuing.Step`): sent as a stream on
+    ``shape.path``, its events relayed into ``out`` in the caller's ``shape`` as
+    they come (``index`` kept, ``weight_versions`` on its last event), a further
+    abort pause's events held back."""
+
+    __slots__ = ("head", "out", "ids")
+    stream = True
+
+    def __init__(
+        self, req: Request, shape: Events, head: dict[str, Any], out: trio.MemorySendChannel[Any]
+    ) -> None:
+        super().__init__(req, shape)
+        self.head, self.out, self.ids = head, out, not req.asked_ids
+
+    async def end(self, gen: Generation, finish: str | None) -> None:
+        if finish is not None:
+            gen.end(finish)
+        await self.out.send(self.shape.event(self.head, gen, gen.tail(self.ids), gen.index))
+
+    async def send(self, dispatcher: Dispatcher, sub: Request, gen: Generation) -> Reply:
+        async with dispatcher.stream(sub) as answer:
+            if answer.body is not None:  # else refused: its whole body is read
+                await self._relay(answer, sub, gen)
+        return answer
+
+    def read(self, answer: Reply, sub: Request) -> Any:
+        return ()  # its events were added as they came
+
+    def add(self, gen: Generation, segment: Any, version: str | None) -> bool:
+        return bool(gen.finish == "abort")
+
+    async def _relay(self, answer: Reply, sub: Request, gen: Generation) -> None:
+        reader, state = self.shape.sub_events(), dict[int, Any]()
+        base = len(gen.text)  # the continuation's text_offset counts from its own text
+        partial = b""
+        async for chunk in _chunks(sub, answer):
+            data = partial + chunk if partial else chunk
+            end = events_end(data)
+            partial = data[end:]
+            for event in split(data[:end]):
+                doc = payload(event)
+                for raw in reader.choices(doc) if isinstance(doc, dict) else ():
+                    choice = reader.segment(raw, state)
+                    if choice is None:
+                        message = "the continuation's events carry no token ids"
+                        raise sub.stamp(DispatchAborted(message, phase=sub.phase))
+                    gen.add(choice, sub.weight_version, base)
+                    if gen.finish == "abort" and gen.sent == gen.position():
+                        continue  # nothing new: held back, the next segment goes on
+                    out = gen.tail(self.ids)
+                    if gen.finish in (None, "abort"):  # goes on
+                        out["finish_reason"] = out["stop_reason"] = None
+                        del out["weight_versions"]  # on the last event only
+                    gen.mark()
+                    await self.out.send(self.shape.event(self.head, gen, out, gen.index))
 
 
 #: Bytes of relayed events a stream keeps before folding them into token lists
@@ -217,7 +286,9 @@ class _Seen:
     """The events a stream relayed: raw until :data:`FOLD_BYTES`, then parsed into
     per-choice :class:`Generation` state (``broken``: a chunk had no token ids)."""
 
-    __slots__ = ("req", "blocks", "size", "gens", "head", "usage", "broken", "shape", "relayed")
+    __slots__ = (
+        "req", "blocks", "size", "gens", "head", "usage", "broken", "shape", "relayed", "state",
+    )  # fmt: skip
 
     def __init__(self, req: Request) -> None:
         self.req = req
@@ -229,10 +300,19 @@ class _Seen:
         self.broken = False
         self.shape: Events | None = None  # the caller's stream shape, read on first use
         self.relayed = False  # an event went to the caller
+        self.state: dict[int, Any] = {}  # the shape's reading state of this stream
 
-    def add(self, block: bytes) -> None:
+    def shaped(self) -> Events:
+        if self.shape is None:
+            self.shape = shape_for(self.req.url_path, orjson.loads(self.req.content))
+        return self.shape
+
+    def add(self, block: bytes, last_only: bool = False) -> None:
+        """Keep relayed ``block``; ``last_only``: it has everything the ones before had."""
         if self.broken:
             return
+        if last_only and b'"index"' not in block:
+            self.blocks, self.size = [], 0
         self.blocks.append(block)
         self.size += len(block)
         if self.size > FOLD_BYTES:
@@ -240,46 +320,31 @@ class _Seen:
 
     def fold(self) -> None:
         if self.blocks and not self.broken:
-            if self.shape is None:
-                self.shape = events_for(self.req.url_path, orjson.loads(self.req.content))
-            parsed = _parse(self.blocks, self.gens, self.head, self.usage, self.req, self.shape)
-            self.broken = not parsed
+            self.broken = not self.parse(self.blocks)
         self.blocks, self.size = [], 0
 
-
-def _parse(
-    events: list[bytes],
-    gens: dict[int, Generation],
-    head: dict[str, Any],
-    usage: list[dict[str, Any]],
-    req: Request,
-    shape: Events,
-) -> bool:
-    """Add the choices' deltas of ``events`` (in the caller's ``shape``) to ``gens``
-    (by choice index); False when a chunk carries no token ids, or one the shape
-    cannot continue (the stream cannot be continued)."""
-    for event in split(b"".join(events)):
-        doc = payload(event)
-        if not isinstance(doc, dict):
-            continue
-        if not head:
-            head.update({k: doc.get(k) for k in ("id", "object", "created", "model")})
-        if doc.get("usage"):
-            usage.append(doc["usage"])
-        for raw in doc.get("choices") or []:
-            index = raw.get("index", 0)
-            prompt = shape.prompt(doc, raw)
-            choice = shape.read(raw)
-            if choice is None:
-                return False
-            gen = gens.get(index)
-            if gen is None:
-                base = shape.base(choice)
-                gen = gens[index] = Generation(base, prompt or [], req.weight_version)
-            ids = choice.get("token_ids")
-            if ids is None and choice.get("finish_reason") == "abort" and not choice.get("text"):
-                choice = {**choice, "token_ids": []}  # an abort event that adds nothing
-            elif not isinstance(ids, list):
-                return False
-            gen.add(choice, req.weight_version, shift=False)
-    return True
+    def parse(self, events: list[bytes]) -> bool:
+        """Add the choices' segments of ``events`` (in the caller's shape) to
+        :attr:`gens` by choice index; False when a choice carries no token ids, or
+        one the shape cannot continue."""
+        shape, version = self.shaped(), self.req.weight_version
+        for event in split(b"".join(events)):
+            doc = payload(event)
+            if not isinstance(doc, dict):
+                continue
+            if not self.head:
+                self.head.update(shape.head(doc))
+            if doc.get("usage"):
+                self.usage.append(doc["usage"])
+            for raw in shape.choices(doc):
+                index = raw.get("index", 0) if isinstance(raw, dict) else 0
+                prompt = shape.prompt(doc, raw) if isinstance(raw, dict) else None
+                choice = shape.segment(raw, self.state)
+                if choice is None:
+                    return False
+                gen = self.gens.get(index)
+                if gen is None:
+                    base = shape.base(choice)
+                    gen = self.gens[index] = Generation(base, prompt or [], version, index)
+                gen.add(choice, version, 0)
+        return True

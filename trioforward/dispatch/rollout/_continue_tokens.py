@@ -17,12 +17,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
-from trioforward.codec import UNVERSIONED, CodecError, Completion, span_version
+from trioforward.codec import CodecError, Completion
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects import _dialect_completions
-from trioforward.dispatch.rollout._continue import derived
+from trioforward.dispatch.dialects._complete import Rendering
+from trioforward.dispatch.dialects._events import usage
+from trioforward.dispatch.rollout._continue import Generation, derived
 from trioforward.dispatch.rollout._continuing import (
+    Whole,
     continue_aborted,
     continue_piece,
 )
@@ -48,49 +51,16 @@ def aborted_tokens(req: Request, reply: Reply) -> Completion | None:
     return None
 
 
-class _Choice:
-    __slots__ = ("index", "prompt", "tokens", "logprobs", "spans", "finish", "stop", "continuations", "text")
-
-    def __init__(self, choice: Any, prompt: list[int], version: str | None) -> None:
-        self.index = choice.index
-        self.prompt = prompt
-        self.tokens: list[int] = []
-        self.logprobs: list[float | None] | None = None if choice.logprobs is None else []
-        self.spans: list[dict[str, Any]] = []
-        self.finish: Any = None
-        self.stop: Any = None
-        self.continuations = 0
-        self.text = ""
-        self.add(choice, version)
-
-    def add(self, choice: Any, version: str | None) -> None:
-        ids = [int(t) for t in choice.tokens]
-        version = span_version(version)
-        if ids:
-            start = len(self.tokens)
-            if self.spans and self.spans[-1]["version"] == version:
-                self.spans[-1]["end"] = start + len(ids)
-            else:
-                self.spans.append({"version": version, "start": start, "end": start + len(ids)})
-        self.tokens.extend(ids)
-        if self.logprobs is not None:
-            lps = choice.logprobs if choice.logprobs is not None else [math.nan] * len(ids)
-            self.logprobs.extend(None if math.isnan(v) else float(v) for v in lps)
-        self.finish, self.stop = choice.finish_reason, choice.stop_reason
-        self.text += choice.text or ""
-
-    def rendered(self) -> dict[str, Any]:
-        lp = None if self.logprobs is None else {"token_logprobs": self.logprobs}
-        return {
-            "index": self.index,
-            "text": self.text,
-            "logprobs": lp,
-            "finish_reason": self.finish,
-            "stop_reason": self.stop,
-            "token_ids": self.tokens,
-            "prompt_token_ids": self.prompt,
-            "weight_versions": self.spans or [{"version": UNVERSIONED, "start": 0, "end": 0}],
-        }
+def _segment(choice: Any, first: bool = False) -> dict[str, Any]:
+    """A codec choice as a segment (``logprobs`` of the ``/v1/completions`` shape; a
+    continuation without them fills its places with ``None``)."""
+    ids = [int(t) for t in choice.tokens]
+    lps = None if choice.logprobs is None else [None if math.isnan(v) else float(v) for v in choice.logprobs]
+    block = None if first and lps is None else {"token_logprobs": [None] * len(ids) if lps is None else lps}
+    return {
+        "index": choice.index, "text": choice.text or "", "logprobs": block, "token_ids": ids,
+        "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason,
+    }  # fmt: skip
 
 
 async def continued_tokens(
@@ -100,38 +70,35 @@ async def continued_tokens(
     or ``None`` when nothing was generated yet (replay it whole)."""
     render: Any = req.render
     base = render.request
-    choices = [_Choice(c, list(base.prompt), req.weight_version) for c in completion.choices]
+    prompt, version = list(base.prompt), req.weight_version
+    gens = [
+        Generation({**_segment(c, True), "prompt_token_ids": prompt}, prompt, version, c.index)
+        for c in completion.choices
+    ]
 
     def joined() -> bytes:
-        use = dict(completion.usage)
-        generated = sum(len(c.tokens) for c in choices)
-        prompt = int(use.get("prompt_tokens") or len(base.prompt))
-        use.update(prompt_tokens=prompt, completion_tokens=generated, total_tokens=prompt + generated)
         render.dialect = _dialect_completions  # the joined answer is in the completions shape
         return orjson.dumps(
             {
                 "id": completion.id,
                 "object": "text_completion",
                 "model": completion.model or base.model,
-                "choices": [c.rendered() for c in choices],
-                "usage": use,
+                "choices": [g.rendered(g.index, True) for g in gens],
+                "usage": usage({"usage": completion.usage}, gens, len(base.prompt)),
             }
         )
 
+    step = _Tokens(req)
     return await continue_aborted(
         dispatcher,
         reply,
-        [c for c in choices if c.finish == "abort"],
-        lambda choice, failure: _continue(dispatcher, req, choice, failure),
+        [g for g in gens if g.finish == "abort"],
+        lambda gen, failure: continue_piece(dispatcher, req, gen, failure, step),
         joined,
     )
 
 
-async def _continue(dispatcher: Dispatcher, req: Request, choice: _Choice, failure: list[Reply]) -> None:
-    await continue_piece(dispatcher, req, choice, failure, _Tokens(req))
-
-
-class _Tokens:
+class _Tokens(Whole):
     """A token-level choice continued through the dialect seam (:class:`~._continuing.Step`)."""
 
     __slots__ = ("req", "base")
@@ -140,17 +107,12 @@ class _Tokens:
         self.req = req
         self.base = cast(Any, req.render).request
 
-    def left(self, choice: _Choice) -> int:
-        return int(self.base.max_tokens) - len(choice.tokens)
+    def left(self, gen: Generation) -> int:
+        return int(self.base.max_tokens) - len(gen.tokens)
 
-    def end_length(self, choice: _Choice) -> None:
-        choice.finish, choice.stop = "length", None
-
-    def request(self, choice: _Choice, left: int) -> Request:
-        from trioforward.dispatch.dialects._complete import Rendering
-
+    def request(self, gen: Generation, left: int) -> Request:
         token_req = dataclasses.replace(
-            self.base, prompt=choice.prompt + choice.tokens, max_tokens=left, n=1,
+            self.base, prompt=gen.prompt + gen.tokens, max_tokens=left, n=1,
             request_id=None, prompt_logprobs=False, extra=dict(self.base.extra),
         )  # fmt: skip
         content = _dialect_completions.render(token_req, "")[1]
@@ -163,8 +125,8 @@ class _Tokens:
             [got] = cast(Any, sub.render).parse(answer.content, sub.weight_version).choices
         except (CodecError, ValueError):
             return None
-        return got
+        return _segment(got)
 
-    def add(self, choice: _Choice, got: Any, version: str | None) -> bool:
-        choice.add(got, version)
-        return bool(got.finish_reason == "abort")
+    def add(self, gen: Generation, segment: Any, version: str | None) -> bool:
+        gen.add(segment, version)
+        return bool(gen.finish == "abort")

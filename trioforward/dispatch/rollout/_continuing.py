@@ -38,16 +38,21 @@ P_in = TypeVar("P_in", bound=Piece, contravariant=True)
 
 
 class Step(Protocol[P_in]):
-    """What one route's continuation loop (:func:`continue_piece`) asks of its shape."""
+    """What the continue loop (:func:`continue_piece`) asks of one route's shape."""
 
     def left(self, piece: P_in) -> Any:
         """The budget left (an int; anything else: no budget to count down)."""
 
-    def end_length(self, piece: P_in) -> None:
-        """End ``piece`` with ``finish_reason: "length"``."""
+    async def end(self, piece: P_in, finish: str | None) -> None:
+        """``piece`` ends here: with ``finish`` (``"length"``: no budget left, or the
+        engine refused a prompt that no longer fits), or (``None``) as an abort of
+        another cause left it."""
 
     def request(self, piece: P_in, left: Any) -> Request:
         """The request continuing ``piece`` with ``left`` tokens to go."""
+
+    async def send(self, dispatcher: Dispatcher, sub: Request, piece: P_in) -> Reply:
+        """Dispatch ``sub``; its answer (a stream's relayed to its caller as it comes)."""
 
     def read(self, answer: Reply, sub: Request) -> Any:
         """The one segment of a 2xx ``answer`` to ``sub``; ``None`` when it carries no
@@ -58,28 +63,38 @@ class Step(Protocol[P_in]):
         ended it."""
 
 
+class Whole:
+    """A whole answer's step: sent and read whole; ``piece.end(finish)`` ends it."""
+
+    async def send(self, dispatcher: Dispatcher, sub: Request, piece: Any) -> Reply:
+        return await dispatcher.request(sub)
+
+    async def end(self, piece: Any, finish: str | None) -> None:
+        if finish is not None:
+            piece.end(finish)
+
+
 async def continue_piece(
     dispatcher: Dispatcher, req: Request, piece: P, failure: list[Reply], step: Step[P]
 ) -> None:
     """Send ``piece`` again until it ends other than by an abort pause: the one
-    continue loop of every whole answer's route (``step``: the route's shape). A
-    non-2xx answer other than a length refusal, or one ``step`` cannot read, goes
-    to ``failure``. Raises :class:`DispatchAborted` past ``max_continuations`` or
-    when a pause without replay ended a continuation."""
+    continue loop of every route, whole answers and streams (``step``: the
+    route's shape). A non-2xx answer other than a length refusal, or one ``step``
+    cannot read, goes to ``failure``. Raises :class:`DispatchAborted` past
+    ``max_continuations`` or when a pause without replay ended a continuation."""
     counts = dispatcher.continued
     while True:
         left = step.left(piece)
         if isinstance(left, int) and left <= 0:
-            step.end_length(piece)
-            return
+            return await step.end(piece, "length")
         count_continuation(dispatcher, req, piece)
         sub = step.request(piece, left)
-        answer = await send_continuation(dispatcher, req, sub, piece)
+        before = len(piece.tokens)
+        answer = await send_continuation(dispatcher, req, sub, piece, step)
         if answer is None:
             continue  # ended by a pause before any token came back: send it again
         if is_length_refusal(answer.status, answer.content):
-            step.end_length(piece)  # prompt + tokens so far no longer fit the model
-            return
+            return await step.end(piece, "length")  # prompt + tokens so far no longer fit
         if not 200 <= answer.status < 300:
             failure.append(answer)
             return
@@ -92,13 +107,12 @@ async def continue_piece(
             warn_no_token_ids(counts, answer.engine.url)
             failure.append(answer)
             return
-        before = len(piece.tokens)
         if not step.add(piece, segment, sub.weight_version):
             return
         if sub.replay is False:
             raise req.stamp(sub.aborted())  # a pause without replay ended it
         if sub.replay is None:
-            return  # an abort answer of another cause: the caller's
+            return await step.end(piece, None)  # an abort answer of another cause: the caller's
         counts.tokens_kept += len(piece.tokens) - before
 
 
@@ -140,17 +154,22 @@ async def continue_each(
     """Run ``one(item, failure)`` for every item at once.
 
     Returns the first refusal ``one`` put in ``failure`` (the caller answers
-    with it), or None when every item ended. Raises the first
-    :class:`TrioforwardError` an item raised, after cancelling the others."""
+    with it; the other items are cancelled), or None when every item ended.
+    Raises the first :class:`TrioforwardError` an item raised, after cancelling
+    the others."""
     failure: list[Reply] = []
     errors: list[TrioforwardError] = []
 
     async def run(item: T) -> None:
         try:
             await one(item, failure)
+            if failure:
+                nursery.cancel_scope.cancel()  # the answer is that refusal: the rest ends
         except TrioforwardError as exc:
             errors.append(exc)
             nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            nursery.cancel_scope.cancel()  # a stream's reader left
 
     async with trio.open_nursery() as nursery:
         for item in items:
@@ -179,21 +198,21 @@ def count_continuation(dispatcher: Dispatcher, req: Request, piece: Any) -> None
 
 
 async def send_continuation(
-    dispatcher: Dispatcher, req: Request, sub: Request, piece: Any
+    dispatcher: Dispatcher, req: Request, sub: Request, piece: Any, step: Step[Any]
 ) -> Reply | None:
-    """Dispatch ``sub``, one continuation of ``piece`` for the caller's ``req``
-    (in a trace span of its own when ``req`` is traced: docs/operations.md,
+    """Dispatch ``sub`` with ``step.send``, one continuation of ``piece`` for the
+    caller's ``req`` (a whole one in a trace span of its own when ``req`` is traced: docs/operations.md,
     "End-to-end traces"), its attempts and times counted in ``req``.
 
     Returns its answer, whatever its status, or None when a pause ended it
     before any token came back and it is to be sent again. Raises
     :class:`DispatchAborted` / :class:`UpstreamBroken` when it is not."""
     try:
-        if req.trace is None:
-            answer = await dispatcher.request(sub)
+        if req.trace is None or sub.streaming:
+            answer = await step.send(dispatcher, sub, piece)
         else:
             answer = await req.trace.continuation(
-                sub, piece.continuations, len(piece.tokens), dispatcher.request(sub)
+                sub, piece.continuations, len(piece.tokens), step.send(dispatcher, sub, piece)
             )
     except (DispatchAborted, UpstreamBroken):
         absorb(req, sub)

@@ -14,34 +14,19 @@ from trioforward._background import open_background_nursery
 from trioforward.dispatch.attempts._dispatch import Dispatcher
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.rollout._continue import (
-    CONTINUABLE_PATH,
-    CONTINUE,
-    hide_token_ids,
-    spanned,
-    with_span,
-)
-from trioforward.dispatch.rollout._continue_answer import continued_answer
-from trioforward.dispatch.rollout._continue_chat import CHAT_PATH, continued_chat
-from trioforward.dispatch.rollout._continue_native import NATIVE_PATHS, continued_native
+from trioforward.dispatch.dialects._events import ABORTS, CHAT, COMPLETIONS
+from trioforward.dispatch.dialects._routes import CONTINUED
+from trioforward.dispatch.rollout._continue import CONTINUE, hide_token_ids, spanned, with_span
 from trioforward.dispatch.rollout._continue_tokens import aborted_tokens, continued_tokens
+from trioforward.dispatch.rollout._continue_whole import continued_answer
 from trioforward.errors import DispatchAborted, UpstreamBroken
 
 __all__ = ["is_abort_answer", "replaying_request", "replaying_stream"]
 
-_ABORT = b'"finish_reason":"abort"'
-
 
 def is_abort_answer(content: bytes) -> bool:
-    """True if a completion body ends a choice with ``finish_reason: "abort"`` (vLLM,
-    SGLang's OpenAI routes: a request the engine aborted; orjson/FastAPI write no
-    spaces), or, on SGLang's ``/generate``, ``finish_reason: {"type": "abort"}``."""
-    return (
-        _ABORT in content
-        or b'"finish_reason": "abort"' in content
-        or b'"finish_reason":{"type":"abort"' in content
-        or b'"finish_reason": {"type": "abort"' in content
-    )
+    """True if a body ends a choice with ``finish_reason: "abort"`` (:data:`ABORTS`)."""
+    return any(a in content for a in ABORTS)
 
 
 async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
@@ -82,13 +67,10 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
             if not req.replay:
                 raise req.stamp(req.aborted()) from None
             if req.replay == CONTINUE:
+                joined = None
                 if tokens is not None:
                     joined = await continued_tokens(dispatcher, req, reply, tokens)
-                elif req.url_path in NATIVE_PATHS:  # the engines' own token routes
-                    joined = await continued_native(dispatcher, req, reply)
-                elif req.url_path == CHAT_PATH:  # through the token form
-                    joined = await continued_chat(dispatcher, req, reply)
-                else:
+                elif req.url_path in CONTINUED:
                     joined = await continued_answer(dispatcher, req, reply)
                 if joined is not None:
                     return joined
@@ -104,10 +86,10 @@ def _shown(req: Request, reply: Reply, crossed: bool, current: str | None) -> Re
     with the token ids the caller asked for, made under one recorded version
     (``current`` still the one it was dispatched under; an answer a keep pause
     spanned names both in ``X-Weight-Version`` only: where the update fell is not known)."""
-    if 200 <= reply.status < 300 and req.url_path == CHAT_PATH:
+    if 200 <= reply.status < 300 and req.url_path == CHAT:
         if req.asked_ids:
             reply.content = hide_token_ids(reply.content)
-    elif 200 <= reply.status < 300 and req.url_path == CONTINUABLE_PATH:
+    elif 200 <= reply.status < 300 and req.url_path == COMPLETIONS:
         if crossed and req.render is None:
             reply.content = spanned(reply.content, req.weight_version, not req.asked_ids)
         elif req.asked_ids:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.rollout._continue_substream import payload, split
+from trioforward.dispatch.dialects._events import payload, split
 
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
