@@ -187,13 +187,17 @@ def model_lower_bound(work: Workload, profile: Any, engines: int, max_num_seqs: 
     docs/sim.md). Engine time adds up over the fleet's steps whatever the
     placement: ``seq_s`` per decoded token, ``kv_token_s`` per context token a
     decoded token reads, ``prefill_token_s`` per distinct prompt token; and a
-    step decodes at most ``max_num_seqs`` tokens and reads at most
-    ``kv_cache_tokens`` (0 = no limit), which bounds the steps (``step_s``
+    step decodes at most ``max_num_seqs`` tokens, and the sequences it runs
+    hold at most ``kv_cache_tokens`` (0 = no limit) of KV that is theirs alone
+    (prefix-cache blocks are shared, so only a sequence's own tokens count: a
+    group sample's generated tokens, a session turn's prompt past the system
+    prompt and its generated tokens), which bounds the steps (``step_s``
     each) from below. ``chain_s``: the longest chain alone — its prefill in
     chunks of ``max_num_batched_tokens``, then one token a step at batch 1
     (the first from the prefill's step). Seconds, times ``time_scale``."""
     tokens = 0
     context = 0
+    private = 0  # KV tokens no other running sequence can share, summed over decoded tokens
     chains: dict[int, float] = {}
     longest = 0.0
     previous: dict[int, int] = {}
@@ -202,6 +206,10 @@ def model_lower_bound(work: Workload, profile: Any, engines: int, max_num_seqs: 
         # takes a step of its own reading prompt + i tokens of KV
         tokens += output - 1
         context += (output - 1) * prompt + output * (output - 1) // 2
+        # a group's samples share its prompt; a session's prompt is its own
+        # but for the system prompt every request shares
+        own = prompt - work.system_tokens if session >= 0 or work.samples == 1 else 0
+        private += (output - 1) * own + output * (output - 1) // 2
         new = prompt - previous.get(session, 0) if session >= 0 else prompt
         chunks = -(-new // profile.max_num_batched_tokens)
         alone = (chunks * profile.step_s + new * profile.prefill_token_s
@@ -214,7 +222,7 @@ def model_lower_bound(work: Workload, profile: Any, engines: int, max_num_seqs: 
             longest = max(longest, alone)
     steps = tokens / max_num_seqs
     if kv_cache_tokens > 0:
-        steps = max(steps, context / kv_cache_tokens)
+        steps = max(steps, private / kv_cache_tokens)
     fleet_s = (steps * profile.step_s + tokens * profile.seq_s + context * profile.kv_token_s
                + _distinct_prompt(work, engines) * profile.prefill_token_s)
     work_s = time_scale * fleet_s / engines

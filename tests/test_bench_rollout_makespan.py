@@ -86,3 +86,15 @@ def test_tiny_run_through_trioforward_writes_every_measure(tmp_path: Path) -> No
         assert sum(run["requests_per_engine"]) == 10 and isinstance(run["preemptions"], int)
         assert run["output_tokens"] == doc["workload"]["output_tokens"]
     assert "| trioforward:prefix |" in bench.format_table(doc)
+
+
+def test_model_bound_counts_only_unshared_kv_against_the_budget() -> None:
+    # a group's samples share their prompt in the prefix cache: only what each
+    # generates is its own, so only that bounds the steps a KV budget forces
+    from trioforward.sim._physics import EngineProfile
+
+    profile = EngineProfile("t", step_s=1.0, seq_s=0.0, kv_token_s=0.0, prefill_token_s=0.0)
+    work = rollout.draw(5, groups=1, samples=4, sessions=0, turns=0, system_tokens=10)
+    own = sum(o * (o - 1) // 2 for o in work.group_outputs[0])
+    bound = rollout.model_lower_bound(work, profile, engines=1, max_num_seqs=10**6, kv_cache_tokens=64)
+    assert bound["work_s"] == pytest.approx(own / 64)

@@ -18,6 +18,12 @@ scheduler (``vllm/v1/core/sched/scheduler.py``):
   no new sequence is admitted in a step that preempted;
 - the step lasts :meth:`EngineProfile.step_seconds` × ``time_scale``
   (× a prefill stall's slowdown; a frozen pause or an infinite stall halts it).
+  Steps are paced by a running deadline on trio's clock: each step ends at the
+  previous step's scheduled end plus its own length, so a late wakeup (a busy
+  machine) shortens the next sleep instead of delaying every later step. The
+  loop catches up at most :data:`MAX_LAG` wall seconds; lateness beyond that is
+  dropped from the schedule and counted (``lag_seconds``, ``lag_drops``), so a
+  long freeze of the process is not replayed as a burst of instant steps.
 
 Each choice of a request (``n``) is one sequence, as in vLLM v1. A request
 waits on its sequences (:meth:`Scheduler.wait`); cancelling it (abort, client
@@ -43,7 +49,11 @@ if TYPE_CHECKING:
     from trioforward.sim._rl import RLControl
     from trioforward.sim._stats import EngineStats
 
-__all__ = ["Scheduler", "SimSequence"]
+__all__ = ["MAX_LAG", "Scheduler", "SimSequence"]
+
+#: Wall seconds the step loop may run behind its schedule and still catch up
+#: (by running steps back to back); lateness beyond it is dropped and counted.
+MAX_LAG = 0.25
 
 
 @dataclass(eq=False, slots=True)
@@ -87,7 +97,9 @@ class Scheduler:
     returns the slowdown (1.0 none, ``inf`` halt) and when it ends (trio time); ``changed`` is the event the
     engine sets when a stall or pause changes. Counters: ``steps``,
     ``preemptions`` (also ``stats.preemptions``), ``busy_seconds`` (modelled
-    time spent in steps).
+    time spent in steps), ``lag_seconds`` / ``lag_drops`` (wall seconds of
+    lateness beyond :data:`MAX_LAG` dropped from the schedule / times; also
+    in ``stats``).
     """
 
     def __init__(
@@ -121,6 +133,9 @@ class Scheduler:
         self.steps = 0
         self.preemptions = 0
         self.busy_seconds = 0.0
+        self.lag_seconds = 0.0
+        self.lag_drops = 0
+        self.max_lag = MAX_LAG
         self.loop_running = False
 
     # -- requests ----------------------------------------------------------
@@ -159,18 +174,25 @@ class Scheduler:
     # -- the loop ------------------------------------------------------------
 
     async def run(self) -> None:
-        """The step loop (runs for the engine's life; idle costs one wait)."""
+        """The step loop (runs for the engine's life; idle costs one wait).
+
+        ``deadline`` is the trio time the last step was scheduled to end; it
+        restarts from now after an idle wait or a halt, which are not lateness.
+        """
         self.loop_running = True
+        deadline = trio.current_time()
         while True:
             if not self.running and not self.waiting:
                 self._work = trio.Event()
                 await self._work.wait()
+                deadline = trio.current_time()
                 continue
             slowdown, until = self._stall()
             if self.rl.frozen or slowdown == math.inf:
                 changed = self._changed()
                 with trio.move_on_at(math.inf if self.rl.frozen else until):
                     await changed.wait()
+                deadline = trio.current_time()
                 continue
             seconds, progress = self._schedule()
             self.steps += 1
@@ -178,10 +200,24 @@ class Scheduler:
             self.stats.steps += 1
             self.stats.busy_seconds += seconds
             if seconds > 0:
-                await trio.sleep(seconds * self.time_scale * slowdown)
+                deadline = self._pace(deadline + seconds * self.time_scale * slowdown)
+                await trio.sleep_until(deadline)
             else:
                 await trio.lowlevel.checkpoint()
             self._advance(progress)
+
+    def _pace(self, end: float) -> float:
+        """The step's end on trio's clock: ``end`` (its scheduled end), or, when
+        that is more than ``max_lag`` in the past, ``max_lag`` before now, the
+        lateness beyond it counted in ``lag_seconds`` / ``lag_drops``."""
+        floor = trio.current_time() - self.max_lag
+        if end >= floor:
+            return end
+        self.lag_seconds += floor - end
+        self.lag_drops += 1
+        self.stats.lag_seconds += floor - end
+        self.stats.lag_drops += 1
+        return floor
 
     def _schedule(self) -> tuple[float, list[tuple[SimSequence, int]]]:
         """Plan one step: which sequence computes how many tokens; its modelled seconds."""

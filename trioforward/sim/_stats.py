@@ -62,7 +62,10 @@ class EngineStats:
       sequences preempted by recompute (``vllm:num_preemptions_total``);
       ``kv_too_small``: sequences ended because alone they outgrew the KV budget;
       ``steps`` / ``busy_seconds``: scheduler steps run and their modelled time
-      (seconds before ``time_scale``: busy fraction = busy_seconds × time_scale / wall).
+      (seconds before ``time_scale``: busy fraction = busy_seconds × time_scale / wall);
+      ``lag_seconds`` / ``lag_drops``: wall seconds the step loop fell behind
+      its schedule beyond what it catches up (the machine's share of a wall
+      time, docs/sim.md) / times it dropped such lateness.
       With a profile ``running`` / ``queued`` count sequences (each of ``n``
       choices), as vLLM v1's ``num_requests_running`` / ``_waiting`` do.
     - ``rejected``: answers injected by the ``reject`` fault;
@@ -104,6 +107,8 @@ class EngineStats:
         self.kv_too_small = 0
         self.steps = 0
         self.busy_seconds = 0.0
+        self.lag_seconds = 0.0
+        self.lag_drops = 0
         self.rejected = 0
         self.traceparents: list[str] = []
         self.faults: Counter[str] = Counter()
