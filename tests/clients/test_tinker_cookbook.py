@@ -32,6 +32,8 @@ from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, StepResult
 
 BUDGET = 24
 KINDS = ["vllm", "sglang"]
+# 408 try_again: a held retrieve_future poll that ran out; the SDK polls again (docs/tinker.md)
+OK = (200, 408)
 # (pause body, the sim's pause counter, tokens decoded per token kept)
 PAUSES = [
     ({"engine_mode": "keep"}, 1),
@@ -124,7 +126,7 @@ def test_group_rollouts_evaluator_and_message_completer(sampling: tuple[Any, Any
     stats = sim.stats()
     samples = 4 + 2 * 3 + 1
     assert stats["completed"] == samples and stats["tokens_decoded"] == samples * BUDGET
-    assert [s for s in access_statuses(gateway) if s != 200] == []
+    assert [s for s in access_statuses(gateway) if s not in OK] == []
 
 
 @pytest.mark.parametrize("sampling", KINDS, indirect=True)
@@ -162,4 +164,4 @@ def test_two_turn_rollout_across_each_pause_mode(sampling: tuple[Any, Any, Any])
             assert decoded > 2 * BUDGET, body  # the first turn was replayed whole
         else:
             assert decoded == 2 * BUDGET, body  # each token decoded once
-    assert [s for s in access_statuses(gateway) if s != 200] == []
+    assert [s for s in access_statuses(gateway) if s not in OK] == []
