@@ -93,9 +93,16 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Process]]:
         p.stop()
 
 
-def access_statuses(gateway: Process) -> list[int]:
-    """The statuses of the gateway's access-log lines so far."""
-    return [int(m) for m in re.findall(r"trioforward.access: \S+ \S+ (\d{3})", gateway.log.read_text())]
+def access_statuses(gateway: Process, at_least: int = 0) -> list[int]:
+    """The statuses of the gateway's access-log lines so far; with ``at_least``, once
+    that many are written (the line of an answer is logged after it was sent)."""
+    deadline = time.monotonic() + 10
+    while True:  # bounded: another process's log file
+        text = gateway.log.read_text()
+        statuses = [int(m) for m in re.findall(r"trioforward.access: \S+ \S+ (\d{3})", text)]
+        if len(statuses) >= at_least or time.monotonic() > deadline:
+            return statuses
+        time.sleep(0.05)
 
 
 def wait_stats(sim: Process, ok: Callable[[dict[str, Any]], bool], seconds: float = 30.0) -> dict[str, Any]:

@@ -108,4 +108,4 @@ def test_remote_vllm_engine_parses_token_ids_through_the_gateway(launch: Any, tm
     assert len(response.output_logprobs) == BUDGET
     stats = sim.stats()
     assert stats["by_model"] == {"sim-base": 2} and stats["completed"] == 2  # AReaL's, and ours
-    assert access_statuses(gateway) == [200]
+    assert access_statuses(gateway, at_least=1) == [200]

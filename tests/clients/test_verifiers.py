@@ -86,7 +86,7 @@ def test_eval_client_streams_chat_across_an_abort_continue_pause(launch: Any) ->
     assert stats["tokens_decoded"] == CALLS * BUDGET
     assert stats["by_path"]["/v1/chat/completions"] == CALLS
     assert stats["by_path"]["/v1/completions"] == CALLS  # the continuations
-    assert access_statuses(gateway) == [200] * CALLS
+    assert access_statuses(gateway, at_least=CALLS) == [200] * CALLS
 
 
 def _renderer() -> Any:
@@ -129,4 +129,5 @@ def test_train_client_token_route_is_judged_as_vllm_0_32_itself(launch: Any, tar
     ).json()
     entry = answered["choices"][0]["logprobs"]["content"][0]
     assert entry["token_id"] == answered["choices"][0]["token_ids"][0] and "token" not in entry
-    assert access_statuses(gateway) == ([200, 200] if target == "gateway" else [])
+    expected = [200, 200] if target == "gateway" else []
+    assert access_statuses(gateway, at_least=len(expected)) == expected
