@@ -91,14 +91,25 @@ CLIENTS_AREAL_IMPORTS = [
     "numba", "openai", "orjson", "pillow", "pybase64", "pyyaml", "ray", "tenacity",
     "torchdata", "transformers", "uvloop",
 ]  # fmt: skip
+# verifiers with its own dependencies: its package root imports every part of it
+# (sandboxes, MCP, judges), so "what it imports" is its whole list (about 60 MB here).
+# It pins openai < 3 (AReaL's modules work with either).
+CLIENTS_VERIFIERS = ["verifiers==0.4.0", "renderers==0.1.12"]
+# tinker-cookbook without its dependencies (they add datasets, pyarrow, pandas for
+# its training loop): the SDK plus what its completers, renderers, rollouts and
+# evaluators import.
+CLIENTS_TINKER = ["tinker==0.38.0", "chz", "termcolor"]
+CLIENTS_TINKER_COOKBOOK = "tinker-cookbook==0.6.1"
 
 
 @nox.session
 def clients(session: nox.Session) -> None:
-    """tests/clients/: AReaL's remote engines against `trioforward serve` over the sims."""
+    """tests/clients/: AReaL, verifiers and tinker-cookbook against `trioforward serve` over the sims."""
     session.install(CLIENTS_TORCH)
     session.install("--no-deps", CLIENTS_AREAL)
     session.install(*CLIENTS_AREAL_IMPORTS, "pytest")
+    session.install(*CLIENTS_VERIFIERS, *CLIENTS_TINKER)
+    session.install("--no-deps", CLIENTS_TINKER_COOKBOOK)
     gateway_python = sys.executable  # nox's own, where trioforward is installed
     session.run(
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/clients",

@@ -93,6 +93,43 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Process]]:
         p.stop()
 
 
-def access_statuses(gateway: Process) -> list[int]:
-    """The statuses of the gateway's access-log lines so far."""
-    return [int(m) for m in re.findall(r"trioforward.access: \S+ \S+ (\d{3})", gateway.log.read_text())]
+def access_statuses(gateway: Process, at_least: int = 0) -> list[int]:
+    """The statuses of the gateway's access-log lines so far; with ``at_least``, once
+    that many are written (the line of an answer is logged after it was sent)."""
+    deadline = time.monotonic() + 10
+    while True:  # bounded: another process's log file
+        text = gateway.log.read_text()
+        statuses = [int(m) for m in re.findall(r"trioforward.access: \S+ \S+ (\d{3})", text)]
+        if len(statuses) >= at_least or time.monotonic() > deadline:
+            return statuses
+        time.sleep(0.05)
+
+
+def wait_stats(sim: Process, ok: Callable[[dict[str, Any]], bool], seconds: float = 30.0) -> dict[str, Any]:
+    """Poll the sim's counters (another process's) until ``ok`` holds; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # bounded: another process's counters
+        stats = sim.stats()
+        if ok(stats):
+            return stats
+        time.sleep(0.05)
+    raise AssertionError(f"sim counters never matched: {sim.stats()}")
+
+
+class SimTokenizer:
+    """A tokenizer matched to the sims' vocabulary, built here (no hub downloads):
+    text encodes to its UTF-8 bytes (ids 0..255, all in the sims' vocabulary); an
+    id decodes to ``" t<id>"``, the sims' own rendering (docs/sim.md). What the
+    clients' renderers call of a Hugging Face tokenizer: ``encode``, ``decode``,
+    ``eos_token_id``, ``bos_token``, ``name_or_path``."""
+
+    eos_token_id = None
+    bos_token = None
+    name_or_path = "sim-base"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False, **_: Any) -> str:
+        ids = [ids] if isinstance(ids, int) else ids
+        return "".join(f" t{i}" for i in ids)

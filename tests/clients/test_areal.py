@@ -24,7 +24,7 @@ from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig,
 from areal.engine.sglang_remote import RemoteSGLangEngine
 from areal.engine.vllm_remote import RemotevLLMEngine
 from areal.utils import name_resolve, names
-from conftest import access_statuses
+from conftest import access_statuses, wait_stats
 
 BUDGET = 60
 
@@ -43,16 +43,6 @@ def _config(tmp_path: Path, backend: str) -> InferenceEngineConfig:
 def _request(i: int) -> ModelRequest:
     gconfig = GenerationHyperparameters(max_new_tokens=BUDGET, greedy=True)
     return ModelRequest(rid=f"r{i}", input_ids=[1, 2, 3 + i], gconfig=gconfig)
-
-
-def _wait_stats(sim: Any, ok: Any, seconds: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:  # bounded: another process's counters
-        stats = sim.stats()
-        if ok(stats):
-            return stats
-        time.sleep(0.05)
-    raise AssertionError(f"sim counters never matched: {sim.stats()}")
 
 
 def test_remote_sglang_engine_updates_weights_through_the_gateway_with_calls_in_flight(
@@ -74,7 +64,7 @@ def test_remote_sglang_engine_updates_weights_through_the_gateway_with_calls_in_
         runner = threading.Thread(target=rollouts)
         runner.start()
         for sim in sims:
-            _wait_stats(sim, lambda s: s["running"] >= 1 and s["tokens_decoded"] >= 3)
+            wait_stats(sim, lambda s: s["running"] >= 1 and s["tokens_decoded"] >= 3)
         engine.pause_generation()
         name_resolve.add(names.update_weights_from_disk("clients", "t0", 0), str(time.time()))
         engine.update_weights_from_disk(WeightUpdateMeta(type="disk", path=str(tmp_path / "ckpt-1"))).result(
@@ -118,4 +108,4 @@ def test_remote_vllm_engine_parses_token_ids_through_the_gateway(launch: Any, tm
     assert len(response.output_logprobs) == BUDGET
     stats = sim.stats()
     assert stats["by_model"] == {"sim-base": 2} and stats["completed"] == 2  # AReaL's, and ours
-    assert access_statuses(gateway) == [200]
+    assert access_statuses(gateway, at_least=1) == [200]
