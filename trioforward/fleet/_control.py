@@ -6,7 +6,9 @@ plane"): ``paused`` (``"*"`` or an engine URL -> pause mode), ``engines``
 ``adapters`` (name -> ``{"path", "parent"}`` as JSON; ``""`` unregisters one,
 configured or not); two lists of one-shot records each member runs once,
 ``aborts`` and ``confirms`` (an operator's word that an engine runs a weight
-version). An
+version); and ``staleness`` (scope key -> a staleness bound as JSON with its
+id, ``""`` withdraws it), whose started rollouts are counted in one counter per
+declaration (:meth:`ControlPlane.take_rollout`). An
 admin change is one ``MULTI`` transaction that edits a hash and increments the
 version, then a ``PUBLISH`` of the version on the fleet's announce channel.
 
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import trio
 
-from trioforward.dispatch import fleet_pause_args
+from trioforward.dispatch import StalenessBound, fleet_pause_args
 from trioforward.fleet._futures import StateUnavailable
 from trioforward.fleet._redis import STATE_ERRORS
 
@@ -50,6 +52,8 @@ __all__ = ["ControlPlane", "FleetLagging"]
 log = logging.getLogger("trioforward.fleet")
 
 ALL = "*"
+#: Seconds a declaration's started count is kept after its first start.
+STARTED_TTL = 7 * 24 * 3600
 #: Abort records kept in the control state, and remembered as run by a member.
 ABORTS_KEPT = 64
 
@@ -93,6 +97,8 @@ class ControlPlane:
         )
         self._aborts_run: deque[str] = deque(maxlen=ABORTS_KEPT)
         self._confirms_run: deque[str] = deque(maxlen=ABORTS_KEPT)
+        self._staleness: dict[str, str] = {}  # scope key -> the declaration id applied
+        client.admission.shared = self  # started rollouts: the fleet's count
 
     async def _client_abort(
         self, ids: list[str] | None, group: str | None, every: bool
@@ -130,6 +136,38 @@ class ControlPlane:
                 p.hdel(key, targets)
 
         return await self._change(edit)
+
+    async def declare_staleness(self, bound: StalenessBound) -> int:
+        """Declare ``bound`` on every member (docs/operations.md, "Staleness-bounded
+        admission"): a fresh id, so its count starts at 0."""
+        key = self._keys.control("staleness")
+        record = orjson.dumps({**bound.to_json(), "id": uuid.uuid4().hex}).decode()
+        return await self._change(lambda p: p.hset(key, {bound.key: record}))
+
+    async def withdraw_staleness(self, tenant: str | None, group_prefix: str | None) -> int:
+        """Withdraw the bound of ``tenant`` or ``group_prefix`` on every member."""
+        scope = f"tenant:{tenant}" if tenant is not None else f"group:{group_prefix}"
+        return await self._change(lambda p: p.hset(self._keys.control("staleness"), {scope: ""}))
+
+    async def take(self, bound: StalenessBound, allowed: int) -> bool:
+        """Count one more started rollout of ``bound`` in the fleet if fewer than
+        ``allowed`` started (True). INCR then DECR when over: a start racing on
+        another member may push the count over for a moment, so a refusal is
+        final only when the count, once given back, still holds ``allowed``."""
+        key = self._keys.control(f"started:{bound.id}")
+        redis = self._fleet.redis
+        while True:
+            taken = await redis.incr(key)
+            if taken == 1:
+                await redis.expire(key, STARTED_TTL)
+            if taken <= allowed:
+                return True
+            if await redis.decr(key) >= allowed:
+                return False
+
+    async def give_back(self, bound: StalenessBound) -> None:
+        """Give back one start taken for a request that left before it started."""
+        await self._fleet.redis.decr(self._keys.control(f"started:{bound.id}"))
 
     async def add_engine(self, url: str) -> int:
         """Register ``url`` on every member."""
@@ -283,6 +321,7 @@ class ControlPlane:
             weights_reply = pipe.get(keys.control("weight_version"))
             aborts_reply = pipe.lrange(keys.control("aborts"), 0, -1)
             confirms_reply = pipe.lrange(keys.control("confirms"), 0, -1)
+            staleness_reply = pipe.hgetall(keys.control("staleness"))
         raw_version = await version_reply
         version = int(raw_version) if raw_version is not None else 0
         if version == self.applied_version and version:
@@ -301,6 +340,7 @@ class ControlPlane:
             text = weight_version.decode() if isinstance(weight_version, bytes) else weight_version
             self._client.weights.record_version(str(text))
         await self._apply(paused, engines, adapters)
+        self._apply_staleness(_text(await staleness_reply))
         self._run_confirms([bytes(r) for r in await confirms_reply])
         await self._run_aborts([bytes(r) for r in await aborts_reply])
         self.applied_version = version
@@ -350,6 +390,24 @@ class ControlPlane:
             if op == "remove" and url in known:
                 client.engines.remove(url)
 
+
+    def _apply_staleness(self, records: dict[str, str]) -> None:
+        """Declare the bounds new (or re-declared) since last time, withdraw the
+        withdrawn ones. A member counts versions from when it applied one."""
+        admission = self._client.admission
+        for scope, value in records.items():
+            applied = self._staleness.get(scope)
+            if not value:
+                if applied is not None:
+                    del self._staleness[scope]
+                    kind, _, name = scope.partition(":")
+                    admission.withdraw(*((name, None) if kind == "tenant" else (None, name)))
+                continue
+            record = orjson.loads(value)
+            if record["id"] == applied:
+                continue
+            self._staleness[scope] = record["id"]
+            admission.declare(StalenessBound(**record))
 
     def _run_confirms(self, records: list[bytes]) -> None:
         """Apply each version confirmation not applied here yet (after the recorded

@@ -37,10 +37,13 @@ from trioforward.dispatch.engines._prefix import request_prefix_key
 from trioforward.dispatch.engines._routing import stable_hash
 from trioforward.dispatch.engines._tenants import Tenant, TenantTable
 from trioforward.dispatch.rollout._abort import Aborts, aborted_response
+from trioforward.dispatch.rollout._admission import Admission
 from trioforward.dispatch.rollout._continue import CONTINUABLE_PATH, ask_token_ids
 from trioforward.dispatch.rollout._continue_chat import CHAT_PATH
 from trioforward.dispatch.rollout._pause_args import version_label
 from trioforward.dispatch.rollout._replay import replaying_request, replaying_stream
+from trioforward.dispatch.rollout._staleness import WeightPolicy, ended_on, parse_policy
+from trioforward.dispatch.rollout._weights import WeightUpdates
 from trioforward.errors import DispatchAborted
 
 __all__ = ["Forwarding"]
@@ -53,6 +56,8 @@ class Forwarding:
     adapters: AdapterRegistry
     tenants: TenantTable
     aborts: Aborts
+    admission: Admission
+    weights: WeightUpdates
     _registry: Registry
     _dispatcher: Dispatcher
     _tracing: Tracing | None
@@ -71,6 +76,7 @@ class Forwarding:
         request_id: str | None = None,
         group: str | None = None,
         tenant: str | Tenant | None = None,
+        weight_policy: str | WeightPolicy | None = None,
     ) -> Request:
         if not path.startswith("/"):
             raise ValueError(f"path must start with '/': {path!r}")
@@ -122,6 +128,12 @@ class Forwarding:
                 req.content, req.asked_ids = asked, True
         if self._prefix_routing and session_hash is None:
             req.prefix = request_prefix_key(json, content, self.settings.prefix_tokens)
+        policy = weight_policy if weight_policy is not None else said.policy
+        if policy is not None:
+            # Which weights it accepts (docs/operations.md): ValueError when malformed.
+            req.accepts = self.weights.version_order.accepts(
+                policy if isinstance(policy, WeightPolicy) else parse_policy(policy)
+            )
         return req
 
     def _ids_understood(self) -> bool:
@@ -141,6 +153,7 @@ class Forwarding:
         request_id: str | None = None,
         group: str | None = None,
         tenant: str | Tenant | None = None,
+        weight_policy: str | WeightPolicy | None = None,
     ) -> ForwardResponse:
         """Forward ``POST path`` to an engine and return its answer, whatever its status.
 
@@ -164,7 +177,11 @@ class Forwarding:
         ``tenant``: the tenant it is served for (a
         name of the tenant table; ``None``: ``default_tenant``; docs/embedding.md,
         "Tenants"); ``ValueError`` for an unknown name, :class:`~trioforward.errors.TenantQueueFull`
-        (429) beyond that tenant's ``max_outstanding``.
+        (429) beyond that tenant's ``max_outstanding``. ``weight_policy``: the
+        weights it accepts, ``"latest"``, ``"min_version=V"`` or
+        ``"max_staleness=k"`` (default: the ``X-Weight-Policy`` header, else any;
+        ``ValueError`` when malformed; docs/operations.md, "Which weights a
+        request accepts").
         """
         return await self.request(
             "POST",
@@ -178,6 +195,7 @@ class Forwarding:
             request_id=request_id,
             group=group,
             tenant=tenant,
+            weight_policy=weight_policy,
         )
 
     async def request(
@@ -197,6 +215,7 @@ class Forwarding:
         only: Callable[[Engine], bool] | None = None,
         render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
         tenant: str | Tenant | None = None,
+        weight_policy: str | WeightPolicy | None = None,
     ) -> ForwardResponse:
         """As :meth:`post`, with any method (``GET /v1/models`` ...). ``span``: the
         caller's own OpenTelemetry span for this request (the gateway's server
@@ -205,7 +224,8 @@ class Forwarding:
         ``render(engine, engine_id) -> (path, body)``: each attempt's body (None:
         ``content`` as it is; docs/dispatch.md, "Engine dialects")."""
         req = self._request(
-            method, path, json, content, headers, session, session_implied, request_id, group, tenant
+            method, path, json, content, headers, session, session_implied, request_id, group, tenant,
+            weight_policy,
         )
         req.on_dispatch = on_dispatch
         req.only, req.render = only, render
@@ -215,7 +235,9 @@ class Forwarding:
         dispatcher = self._dispatcher
         aborts = self.aborts
         aborts.enter(req)  # an abort call finds it by id and group (_abort.py)
+        counted = False
         try:
+            counted = await self.admission.admit(req)  # staleness bound (_admission.py)
             if self._tracing is None:
                 reply = await replaying_request(dispatcher, req)
             else:
@@ -225,6 +247,8 @@ class Forwarding:
                 raise
             return aborted_response(req, dispatcher.weight_version)
         finally:
+            if counted:
+                self.admission.leave(req)
             aborts.leave(req)
         return ForwardResponse(
             reply.status,
@@ -235,9 +259,17 @@ class Forwarding:
             req.queue_time,
             req.engine_time,
             tuple(req.retries) if req.retries else (),
-            version_label(req.weight_version, dispatcher.weight_version),
+            version_label(req.weight_version, ended_on(reply.engine, dispatcher.weight_version)),
             req.request_id,
+            self.staleness(req),
+            req.admission_time,
         )
+
+    def staleness(self, req: Request) -> int | None:
+        """Versions the weights ``req`` ended on are behind the current ones now
+        (``None`` before any version was recorded)."""
+        order = self.weights.version_order
+        return None if order.current is None else order.behind(req.last_version)
 
     @asynccontextmanager
     async def stream(
@@ -256,6 +288,7 @@ class Forwarding:
         only: Callable[[Engine], bool] | None = None,
         render: Callable[[Engine, str], tuple[str, bytes]] | None = None,
         tenant: str | Tenant | None = None,
+        weight_policy: str | WeightPolicy | None = None,
     ) -> AsyncIterator[ForwardStream]:
         """``async with client.stream(path, json=...) as fs:`` — as :meth:`post`, but the
         body is read with ``fs.aiter_bytes()``. Engine capacity is held until the block
@@ -264,7 +297,7 @@ class Forwarding:
         """
         req = self._request(
             method, path, json, content, headers, session,
-            request_id=request_id, group=group, tenant=tenant,
+            request_id=request_id, group=group, tenant=tenant, weight_policy=weight_policy,
         )
         req.on_dispatch = on_dispatch
         req.only, req.render = only, render
@@ -273,11 +306,13 @@ class Forwarding:
             replies = self._tracing.stream(req, span, replies)
         aborts = self.aborts
         aborts.enter(req)
+        counted = False
         try:
             try:
+                counted = await self.admission.admit(req)  # staleness bound (_admission.py)
                 async with replies as reply:
                     req.stream_body = reply.body  # an abort call may cut it (_abort.py)
-                    yield ForwardStream(req, reply, self._dispatcher)
+                    yield ForwardStream(req, reply, self._dispatcher, self.staleness)
                     return
             except DispatchAborted:
                 if not req.aborted_by_call or req.handed_over:
@@ -285,4 +320,6 @@ class Forwarding:
             # Aborted by an abort call before its head: the whole stream is its end.
             yield ForwardStream(req, None)
         finally:
+            if counted:
+                self.admission.leave(req)
             aborts.leave(req)

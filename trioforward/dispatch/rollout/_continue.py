@@ -344,5 +344,7 @@ def derived(req: Request, content: bytes, path: str | None = None) -> Request:
         tenant=req.tenant,
     )
     sub.on_dispatch = req.on_dispatch
+    sub.accepts = req.accepts  # its weight policy holds for every segment
+    sub.origin = req.origin  # whose answer's staleness its version sets
     sub.admitted = True  # the same request: admitted once, under req's admission
     return sub
