@@ -26,6 +26,7 @@ from trioforward.dispatch.dialects._complete import (
 )
 from trioforward.dispatch.dialects._dialect import TokenRequest
 from trioforward.dispatch.engines._tenants import Tenant
+from trioforward.dispatch.rollout._staleness import WeightPolicy
 
 __all__ = ["Sampling"]
 
@@ -50,6 +51,7 @@ class Sampling(Forwarding):
         request_id: str | None = None,
         group: str | None = None,
         tenant: str | None = None,
+        weight_policy: str | WeightPolicy | None = None,
         **extra: Any,
     ) -> Completion:
         """Sample ``n`` completions of token-id ``prompt`` (:meth:`sample`: ``POST
@@ -66,6 +68,7 @@ class Sampling(Forwarding):
         dispatch errors of :meth:`post`, and ``ValueError`` for ``stream`` or
         ``return_token_ids`` in ``extra``. ``request_id`` and ``group`` as for
         :meth:`post`; the completion's ``.request_id`` is the request's id.
+        ``weight_policy``: the weights it accepts, as for :meth:`post`.
         """
         args: dict[str, Any] = dict(
             model=model,
@@ -88,6 +91,7 @@ class Sampling(Forwarding):
             request_id=request_id,
             group=group,
             tenant=tenant,
+            weight_policy=weight_policy,
         )
 
     async def sample(
@@ -101,6 +105,7 @@ class Sampling(Forwarding):
         request_id: str | None = None,
         group: str | None = None,
         tenant: str | Tenant | None = None,
+        weight_policy: str | WeightPolicy | None = None,
     ) -> Completion:
         """Sample a token-level ``request`` on whichever engine routing picks, in
         that engine's dialect (docs/dispatch.md, "Engine dialects"): SGLang
@@ -120,6 +125,7 @@ class Sampling(Forwarding):
             request_id=request_id,
             group=group,
             tenant=tenant,
+            weight_policy=weight_policy,
         )
         return completion_of(response, parse)
 
@@ -134,6 +140,7 @@ class Sampling(Forwarding):
         request_id: str | None = None,
         group: str | None = None,
         tenant: str | Tenant | None = None,
+        weight_policy: str | WeightPolicy | None = None,
     ) -> tuple[ForwardResponse, Callable[[bytes, str | None], Completion]]:
         """As :meth:`sample`, but the engine's answer as it came, whatever its
         status, with the function that decodes a 2xx body of it (the dialect of
@@ -154,6 +161,7 @@ class Sampling(Forwarding):
             request_id,
             group,
             tenant,
+            weight_policy,
         )
         req.render = rendering
         return await self._answer(req), rendering.parse

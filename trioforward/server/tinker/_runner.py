@@ -124,6 +124,7 @@ async def run_sample(
                 request_id=job.request_id,
                 group=job.group,
                 tenant=job.tenant,
+                weight_policy=job.policy,
             )
         else:  # in the dialect of the engine it goes to (docs/dispatch.md, "Engine dialects")
             response, parse = await client.sample_response(
@@ -135,6 +136,7 @@ async def run_sample(
                 request_id=job.request_id,
                 group=job.group,
                 tenant=job.tenant,
+                weight_policy=job.policy,
             )
     except TrioforwardError as err:
         if metrics is not None:
