@@ -107,3 +107,17 @@ def test_policies_read_back() -> None:
     assert str(parse_policy(" max_staleness = 2 ")) == "max_staleness=2"
     assert str(parse_policy("min_version=step-7")) == "min_version=step-7"
     assert str(parse_policy("latest")) == "latest"
+
+
+async def test_a_resume_of_every_engine_does_not_release_one_held_for_its_report(
+    fd_baseline: int,
+) -> None:
+    async with open_engine() as first, open_engine() as second, client_for(first) as client:
+        await client.resume(weight_version="v1")
+        client.engines.add(second.url)  # held out until it reports v1
+        await client.resume(weight_version="v2")  # told nothing: it may still run anything
+        engine = client._registry.get(second.url)
+        assert engine.held_out is not None and engine.reported_version != "v2"
+        assert client._registry.get(first.url).reported_version == "v2"
+        answers = await burst(client, 4, weight_policy="max_staleness=5")
+        assert {r.engine for r in answers} == {first.url} and completions(second) == 0

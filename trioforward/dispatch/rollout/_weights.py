@@ -302,8 +302,11 @@ class WeightUpdates:
         failed = await self._resume_engines(paused, weight_version)
         now = trio.current_time()
         for engine in targets:
-            if weight_version is not None and engine not in failed:
-                engine.reported_version = weight_version  # what it runs (_staleness.py)
+            if weight_version is not None and engine not in failed and engine.held_out is None:
+                # What it runs now (_staleness.py). One held out until it reports a
+                # version was not told this one (unless resumed at the engine
+                # level: VersionGate.resumed below), so it is not assumed to run it.
+                engine.reported_version = weight_version
             for req in engine.calls:
                 if req.frozen_since is not None:
                     req.frozen_time += now - req.frozen_since
