@@ -3,6 +3,7 @@ wait (never refused) and start as resumes land; stale running rollouts are handl
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -25,6 +26,14 @@ class Done:
         self.answers.append(answer)
         self._changed.set()
         self._changed = trio.Event()
+
+    def rollout(self, client: Any) -> Callable[[str], Awaitable[None]]:
+        """A task that posts one short completion of ``group`` and adds its answer."""
+
+        async def one(group: str) -> None:
+            self.add(await client.post(COMPLETION, json=body(max_tokens=1), group=group))
+
+        return one
 
     async def reach(self, count: int) -> None:
         with trio.fail_after(60):
@@ -61,9 +70,7 @@ async def test_a_group_family_is_bounded_and_other_requests_are_not(fd_baseline:
     async with open_engine() as a, client_for(a) as client:
         client.declare_staleness(group_prefix="run-1/", step=2, eta=0)
         done = Done()
-
-        async def rollout(group: str) -> None:
-            done.add(await client.post(COMPLETION, json=body(max_tokens=1), group=group))
+        rollout = done.rollout(client)
 
         async with trio.open_nursery() as nursery:
             for i in range(5):
@@ -80,9 +87,7 @@ async def test_an_abort_call_ends_a_wait_at_the_bound_with_an_abort_answer(fd_ba
     async with open_engine() as a, client_for(a) as client:
         client.declare_staleness(tenant="default", step=1, eta=0)
         done = Done()
-
-        async def rollout(group: str) -> None:
-            done.add(await client.post(COMPLETION, json=body(max_tokens=1), group=group))
+        rollout = done.rollout(client)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rollout, "first")
