@@ -90,9 +90,13 @@ async def test_a_version_not_resumed_yet_waits_until_queue_timeout(fd_baseline: 
         with pytest.raises(NoEngineAvailable, match="X-Weight-Policy"):
             await client.post(COMPLETION, json=body(), weight_policy="min_version=v9")
         assert completions(a) == 0
-        # Before any version: every engine is current, so each policy is met.
+        # The one engine runs the current version (v1): latest and max_staleness=0 are met.
         answer = await client.post(COMPLETION, json=body(), weight_policy="latest")
         assert answer.status == 200 and answer.staleness == 0
+        completion = await client.complete(
+            model="sim-base", prompt=[1, 2], max_tokens=2, weight_policy="max_staleness=0"
+        )
+        assert completion.staleness == 0 and completion.engine == a.url
 
 
 @pytest.mark.parametrize(
