@@ -237,7 +237,7 @@ class Forwarding:
         aborts.enter(req)  # an abort call finds it by id and group (_abort.py)
         counted = False
         try:
-            counted = await self.admission.admit(req)  # staleness bound (_admission.py)
+            counted = self.admission.declared and await self.admission.admit(req)  # _admission.py
             if self._tracing is None:
                 reply = await replaying_request(dispatcher, req)
             else:
@@ -309,7 +309,7 @@ class Forwarding:
         counted = False
         try:
             try:
-                counted = await self.admission.admit(req)  # staleness bound (_admission.py)
+                counted = self.admission.declared and await self.admission.admit(req)  # _admission.py
                 async with replies as reply:
                     req.stream_body = reply.body  # an abort call may cut it (_abort.py)
                     yield ForwardStream(req, reply, self._dispatcher, self.staleness)

@@ -171,6 +171,12 @@ class Admission:
             self.waiting -= 1
         return True
 
+    @property
+    def declared(self) -> bool:
+        """Whether any bound is declared (else :meth:`admit` is a no-op; the client
+        skips it, no coroutine made per request)."""
+        return bool(self._tenants or self._families)
+
     def bounds(self) -> list[StalenessBound]:
         return [s.bound for s in (*self._tenants.values(), *self._families.values())]
 
