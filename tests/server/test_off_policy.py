@@ -150,3 +150,33 @@ async def test_the_whole_update_through_the_gateway_on_a_mixed_fleet(fd_baseline
             assert s1.model_path == s2.model_path == "/ckpt/2"
             ran = await c.post("/v1/completions", json=BODY)
             assert ran.status_code == 200 and ran.headers["x-weight-version"] == "v2"
+
+
+async def test_a_tinker_sample_takes_the_policy_header(fd_baseline: int) -> None:
+    async with open_sim() as a, open_sim() as b, open_gateway(a.url, b.url) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            await http.post("/admin/resume", json={"weight_version": "v1"})
+            await http.post("/admin/pause", json={"engines": [b.url], "engine_mode": "abort"})
+            await http.post("/admin/resume", json={"engines": [b.url], "weight_version": "v2"})
+            r = await http.post("/api/v1/create_session", json={"tags": [], "sdk_version": "x"})
+            r = await http.post(
+                "/api/v1/create_sampling_session",
+                json={"session_id": r.json()["session_id"], "sampling_session_seq_id": 0, "base_model": "sim-base"},
+            )
+            sample = {
+                "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]},
+                "sampling_params": {"max_tokens": 2, "seed": 1},
+                "sampling_session_id": r.json()["sampling_session_id"],
+                "num_samples": 1,
+            }
+            bad = await http.post("/api/v1/asample", json={**sample, "seq_id": 0},
+                                  headers={"X-Weight-Policy": "min_version="})
+            assert bad.status_code == 400 and "X-Weight-Policy" in bad.text
+            before = a.stats.by_path["/v1/completions"]
+            for seq in range(1, 5):
+                future = (await http.post("/api/v1/asample", json={**sample, "seq_id": seq},
+                                          headers={"X-Weight-Policy": "latest"})).json()["request_id"]
+                done = await http.post("/api/v1/retrieve_future", json={"request_id": future})
+                assert done.status_code == 200
+            assert a.stats.by_path["/v1/completions"] == before  # the v1 engine got none
+            assert b.stats.by_path["/v1/completions"] == 4
