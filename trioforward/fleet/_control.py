@@ -8,7 +8,7 @@ configured or not); two lists of one-shot records each member runs once,
 ``aborts`` and ``confirms`` (an operator's word that an engine runs a weight
 version); and ``staleness`` (scope key -> a staleness bound as JSON with its
 id, ``""`` withdraws it), whose started rollouts are counted in one counter per
-declaration (:meth:`ControlPlane.take_rollout`). An
+declaration (``_staleness.py``). An
 admin change is one ``MULTI`` transaction that edits a hash and increments the
 version, then a ``PUBLISH`` of the version on the fleet's announce channel.
 
@@ -43,6 +43,7 @@ import trio
 from trioforward.dispatch import StalenessBound, fleet_pause_args
 from trioforward.fleet._futures import StateUnavailable
 from trioforward.fleet._redis import STATE_ERRORS
+from trioforward.fleet._staleness import SharedStaleness
 
 if TYPE_CHECKING:
     from trioforward.fleet._member import Fleet
@@ -52,8 +53,6 @@ __all__ = ["ControlPlane", "FleetLagging"]
 log = logging.getLogger("trioforward.fleet")
 
 ALL = "*"
-#: Seconds a declaration's started count is kept after its first start.
-STARTED_TTL = 7 * 24 * 3600
 #: Abort records kept in the control state, and remembered as run by a member.
 ABORTS_KEPT = 64
 
@@ -97,8 +96,8 @@ class ControlPlane:
         )
         self._aborts_run: deque[str] = deque(maxlen=ABORTS_KEPT)
         self._confirms_run: deque[str] = deque(maxlen=ABORTS_KEPT)
-        self._staleness: dict[str, str] = {}  # scope key -> the declaration id applied
-        client.admission.shared = self  # started rollouts: the fleet's count
+        # Staleness bounds: applied here, their started rollouts counted fleet-wide.
+        self._staleness = SharedStaleness(fleet, client)
 
     async def _client_abort(
         self, ids: list[str] | None, group: str | None, every: bool
@@ -148,26 +147,6 @@ class ControlPlane:
         """Withdraw the bound of ``tenant`` or ``group_prefix`` on every member."""
         scope = f"tenant:{tenant}" if tenant is not None else f"group:{group_prefix}"
         return await self._change(lambda p: p.hset(self._keys.control("staleness"), {scope: ""}))
-
-    async def take(self, bound: StalenessBound, allowed: int) -> bool:
-        """Count one more started rollout of ``bound`` in the fleet if fewer than
-        ``allowed`` started (True). INCR then DECR when over: a start racing on
-        another member may push the count over for a moment, so a refusal is
-        final only when the count, once given back, still holds ``allowed``."""
-        key = self._keys.control(f"started:{bound.id}")
-        redis = self._fleet.redis
-        while True:
-            taken = await redis.incr(key)
-            if taken == 1:
-                await redis.expire(key, STARTED_TTL)
-            if taken <= allowed:
-                return True
-            if await redis.decr(key) >= allowed:
-                return False
-
-    async def give_back(self, bound: StalenessBound) -> None:
-        """Give back one start taken for a request that left before it started."""
-        await self._fleet.redis.decr(self._keys.control(f"started:{bound.id}"))
 
     async def add_engine(self, url: str) -> int:
         """Register ``url`` on every member."""
@@ -340,7 +319,7 @@ class ControlPlane:
             text = weight_version.decode() if isinstance(weight_version, bytes) else weight_version
             self._client.weights.record_version(str(text))
         await self._apply(paused, engines, adapters)
-        self._apply_staleness(_text(await staleness_reply))
+        self._staleness.apply(_text(await staleness_reply))
         self._run_confirms([bytes(r) for r in await confirms_reply])
         await self._run_aborts([bytes(r) for r in await aborts_reply])
         self.applied_version = version
@@ -390,24 +369,6 @@ class ControlPlane:
             if op == "remove" and url in known:
                 client.engines.remove(url)
 
-
-    def _apply_staleness(self, records: dict[str, str]) -> None:
-        """Declare the bounds new (or re-declared) since last time, withdraw the
-        withdrawn ones. A member counts versions from when it applied one."""
-        admission = self._client.admission
-        for scope, value in records.items():
-            applied = self._staleness.get(scope)
-            if not value:
-                if applied is not None:
-                    del self._staleness[scope]
-                    kind, _, name = scope.partition(":")
-                    admission.withdraw(*((name, None) if kind == "tenant" else (None, name)))
-                continue
-            record = orjson.loads(value)
-            if record["id"] == applied:
-                continue
-            self._staleness[scope] = record["id"]
-            admission.declare(StalenessBound(**record))
 
     def _run_confirms(self, records: list[bytes]) -> None:
         """Apply each version confirmation not applied here yet (after the recorded
