@@ -48,7 +48,16 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # by a burst); engine times from milliseconds to the 2048 s dispatch deadline.
 _QUEUE_BUCKETS = QUEUE_TIME_BUCKETS
 _ENGINE_BUCKETS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 2048)
-_STALENESS_BUCKETS = (0, 1, 2, 3, 4, 8, 16)
+_OFF_POLICY = (
+    ("trioforward_admission_wait_seconds", "Time a request waited at a staleness bound before "
+     "it started (only requests that waited; not in queue_wait)", _QUEUE_BUCKETS),
+    ("trioforward_answer_staleness_versions", "Versions the weights that ended an answer were "
+     "behind the current ones when it ended (X-Weight-Staleness)", (0, 1, 2, 3, 4, 8, 16)),
+    ("trioforward_group_last_seconds", "Per rollout group: seconds from its first member's "
+     "arrival to its last member's answer (the time an RL step waits on)", _ENGINE_BUCKETS),
+    ("trioforward_group_spread_seconds", "Per rollout group: seconds between its first and "
+     "its last member's answer", _ENGINE_BUCKETS),
+)
 
 
 class Metrics:
@@ -113,32 +122,11 @@ class Metrics:
             "names two versions); not counted per version",
             registry=self.registry,
         )
-        self._admission_wait = Histogram(
-            "trioforward_admission_wait_seconds",
-            "Time a request waited at a staleness bound before it started (only "
-            "requests that waited; not in queue_wait)",
-            buckets=_QUEUE_BUCKETS,
-            registry=self.registry,
-        )
-        self._staleness = Histogram(
-            "trioforward_answer_staleness_versions",
-            "Versions the weights that ended an answer were behind the current ones "
-            "when it ended (X-Weight-Staleness; answers after the first recorded version)",
-            buckets=_STALENESS_BUCKETS,
-            registry=self.registry,
-        )
-        self._group_last = Histogram(
-            "trioforward_group_last_seconds",
-            "Per rollout group: seconds from its first member's arrival to its last "
-            "member's answer (the time an RL step waits on)",
-            buckets=_ENGINE_BUCKETS,
-            registry=self.registry,
-        )
-        self._group_spread = Histogram(
-            "trioforward_group_spread_seconds",
-            "Per rollout group: seconds between its first and its last member's answer",
-            buckets=_ENGINE_BUCKETS,
-            registry=self.registry,
+        # Off-policy control (docs/operations.md): the admission wait, answers'
+        # staleness, group tails.
+        self._admission_wait, self._staleness, self._group_last, self._group_spread = (
+            Histogram(name, text, buckets=buckets, registry=self.registry)
+            for name, text, buckets in _OFF_POLICY
         )
         self._spans_dropped = Counter(
             "trioforward_trace_spans_dropped",
