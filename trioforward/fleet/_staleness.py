@@ -11,16 +11,20 @@ dispatch gate takes a start from it (:meth:`SharedStaleness.take`), so
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from trioforward.dispatch import StalenessBound
+from trioforward.fleet._redis import STATE_ERRORS
 
 if TYPE_CHECKING:
     from trioforward.fleet._member import Fleet
 
 __all__ = ["SharedStaleness", "STARTED_TTL"]
+
+log = logging.getLogger("trioforward.fleet")
 
 #: Seconds a declaration's started count is kept after its first start.
 STARTED_TTL = 7 * 24 * 3600
@@ -41,21 +45,30 @@ class SharedStaleness:
         ``allowed`` started (True). INCR then DECR when over: a start racing on
         another member may push the count over for a moment, so a refusal is
         final only when the count, once given back, still holds ``allowed``.
-        Raises the state store's errors (the request fails with them)."""
+        While the state store does not answer, nothing starts (False: the
+        rollout waits, never beyond the bound; the next resume tries again)."""
         key = self._fleet.keys.control(f"started:{bound.id}")
         redis = self._fleet.redis
-        while True:
-            taken = await redis.incr(key)
-            if taken == 1:
-                await redis.expire(key, STARTED_TTL)
-            if taken <= allowed:
-                return True
-            if await redis.decr(key) >= allowed:
-                return False
+        try:
+            while True:
+                taken = await redis.incr(key)
+                if taken == 1:
+                    await redis.expire(key, STARTED_TTL)
+                if taken <= allowed:
+                    return True
+                if await redis.decr(key) >= allowed:
+                    return False
+        except STATE_ERRORS as exc:
+            log.warning("fleet: staleness bound %s: no start counted (%s); it waits", bound.key, exc)
+            return False
 
     async def give_back(self, bound: StalenessBound) -> None:
-        """Give back one start taken for a request that left before it started."""
-        await self._fleet.redis.decr(self._fleet.keys.control(f"started:{bound.id}"))
+        """Give back one start taken for a request that left before it started (a
+        state store that does not answer keeps it: the bound only gets stricter)."""
+        try:
+            await self._fleet.redis.decr(self._fleet.keys.control(f"started:{bound.id}"))
+        except STATE_ERRORS as exc:
+            log.warning("fleet: staleness bound %s: a start not given back (%s)", bound.key, exc)
 
     def apply(self, records: dict[str, str]) -> None:
         """Declare the bounds new (or re-declared) since last time, withdraw the
