@@ -71,6 +71,8 @@ BENCHMARKS = (
           ("--sizes", "64,1024,8192", "--requests", "4096", "--samples", "8192", "--failover-samples", "20000")),
     Bench("rollout_makespan", "Rollout makespan: trioforward's routing modes vs smg, sglang-router and vllm-router, against the lower bound",
           ("--quick",)),
+    Bench("async_rl_staleness", "Async RL with a staleness bound: off-policyness and makespan, bounded vs unbounded",
+          ()),
 )
 
 PACKAGES = ("trio", "h11", "hypercorn", "quart", "quart-trio", "httpx", "aiohttp", "numpy",

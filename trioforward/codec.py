@@ -81,7 +81,10 @@ class Completion:
     position 0 and wherever the engine gave no value; ``None`` when not requested.
     ``engine`` (URL), ``attempts``, ``queue_time`` and ``engine_time`` (seconds) and
     ``request_id`` (the caller's or the gateway's; docs/server.md, "Request ids and
-    rollout groups") are filled in by the dispatch client.
+    rollout groups") are filled in by the dispatch client, as are ``staleness``
+    (versions the weights that ended it are behind the current ones, ``None``
+    before any version) and ``admission_time`` (seconds at a staleness bound;
+    docs/operations.md, "Staleness-bounded admission").
     """
 
     id: str
@@ -95,6 +98,8 @@ class Completion:
     engine_time: float = 0.0
     request_id: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    staleness: int | None = None
+    admission_time: float = 0.0
 
 
 def _floats(values: list[Any]) -> npt.NDArray[np.float32]:

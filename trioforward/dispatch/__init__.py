@@ -30,12 +30,20 @@ from trioforward.dispatch.engines._tenants import (
     TenantStatistics,
     TenantTable,
 )
+from trioforward.dispatch.rollout._abort import AbortCounts, GroupTail
+from trioforward.dispatch.rollout._admission import StalenessBound
 from trioforward.dispatch.rollout._engine_control import ENGINE_MODES
 from trioforward.dispatch.rollout._pause_args import (
     bad_version_reason,
     fleet_pause_args,
     fleet_pause_value,
     pause_conflict,
+)
+from trioforward.dispatch.rollout._staleness import (
+    POLICY_HEADER,
+    STALENESS_HEADER,
+    WeightPolicy,
+    parse_policy,
 )
 from trioforward.dispatch.rollout._weights import EnginePause
 
@@ -66,4 +74,11 @@ __all__ = [
     "bad_id_reason",
     "MAX_ID_LENGTH",
     "with_rid",
+    "StalenessBound",
+    "AbortCounts",
+    "GroupTail",
+    "WeightPolicy",
+    "parse_policy",
+    "POLICY_HEADER",
+    "STALENESS_HEADER",
 ]

@@ -6,7 +6,9 @@ plane"): ``paused`` (``"*"`` or an engine URL -> pause mode), ``engines``
 ``adapters`` (name -> ``{"path", "parent"}`` as JSON; ``""`` unregisters one,
 configured or not); two lists of one-shot records each member runs once,
 ``aborts`` and ``confirms`` (an operator's word that an engine runs a weight
-version). An
+version); and ``staleness`` (scope key -> a staleness bound as JSON with its
+id, ``""`` withdraws it), whose started rollouts are counted in one counter per
+declaration (``_staleness.py``). An
 admin change is one ``MULTI`` transaction that edits a hash and increments the
 version, then a ``PUBLISH`` of the version on the fleet's announce channel.
 
@@ -38,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import trio
 
-from trioforward.dispatch import fleet_pause_args
+from trioforward.dispatch import StalenessBound, fleet_pause_args
 from trioforward.fleet._futures import StateUnavailable
 from trioforward.fleet._redis import STATE_ERRORS
+from trioforward.fleet._staleness import SharedStaleness
 
 if TYPE_CHECKING:
     from trioforward.fleet._member import Fleet
@@ -93,6 +96,8 @@ class ControlPlane:
         )
         self._aborts_run: deque[str] = deque(maxlen=ABORTS_KEPT)
         self._confirms_run: deque[str] = deque(maxlen=ABORTS_KEPT)
+        # Staleness bounds: applied here, their started rollouts counted fleet-wide.
+        self._staleness = SharedStaleness(fleet, client)
 
     async def _client_abort(
         self, ids: list[str] | None, group: str | None, every: bool
@@ -130,6 +135,18 @@ class ControlPlane:
                 p.hdel(key, targets)
 
         return await self._change(edit)
+
+    async def declare_staleness(self, bound: StalenessBound) -> int:
+        """Declare ``bound`` on every member (docs/operations.md, "Staleness-bounded
+        admission"): a fresh id, so its count starts at 0."""
+        key = self._keys.control("staleness")
+        record = orjson.dumps({**bound.to_json(), "id": uuid.uuid4().hex}).decode()
+        return await self._change(lambda p: p.hset(key, {bound.key: record}))
+
+    async def withdraw_staleness(self, tenant: str | None, group_prefix: str | None) -> int:
+        """Withdraw the bound of ``tenant`` or ``group_prefix`` on every member."""
+        scope = f"tenant:{tenant}" if tenant is not None else f"group:{group_prefix}"
+        return await self._change(lambda p: p.hset(self._keys.control("staleness"), {scope: ""}))
 
     async def add_engine(self, url: str) -> int:
         """Register ``url`` on every member."""
@@ -283,6 +300,7 @@ class ControlPlane:
             weights_reply = pipe.get(keys.control("weight_version"))
             aborts_reply = pipe.lrange(keys.control("aborts"), 0, -1)
             confirms_reply = pipe.lrange(keys.control("confirms"), 0, -1)
+            staleness_reply = pipe.hgetall(keys.control("staleness"))
         raw_version = await version_reply
         version = int(raw_version) if raw_version is not None else 0
         if version == self.applied_version and version:
@@ -301,6 +319,7 @@ class ControlPlane:
             text = weight_version.decode() if isinstance(weight_version, bytes) else weight_version
             self._client.weights.record_version(str(text))
         await self._apply(paused, engines, adapters)
+        self._staleness.apply(_text(await staleness_reply))
         self._run_confirms([bytes(r) for r in await confirms_reply])
         await self._run_aborts([bytes(r) for r in await aborts_reply])
         self.applied_version = version

@@ -48,7 +48,7 @@ def abort_args(data: dict[str, Any]) -> tuple[list[str] | None, str | None, bool
 
 async def abort_here(
     state: GatewayState, ids: list[str] | None, group: str | None, every: bool
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """This process's part of an abort: its Tinker queue, then its dispatch client."""
     ids = resolve(state, ids)  # the caller ids of the engines' own abort routes
     queued_samples = 0
@@ -56,6 +56,9 @@ async def abort_here(
     if tinker is not None:
         queued_samples = tinker.runner.abort(ids, group, every)
     counts = await state.client.abort(group=group, request_ids=ids, all=every)
-    out = counts.to_json()
+    out: dict[str, Any] = counts.to_json()
     out["queued"] += queued_samples
+    if counts.tail is not None and state.fleet is None:
+        # The group ended with this abort: its tail (docs/operations.md, "Group tails").
+        out["group_tail"] = counts.tail.to_json()
     return out

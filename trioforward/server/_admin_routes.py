@@ -14,12 +14,17 @@ The API (JSON in, JSON out; ``Authorization: Bearer <admin_token>`` when set):
   ``engine_mode``, pauses the engines themselves (all or nothing: 502
   ``engine_control_failed`` naming the engine that failed); answers once the
   mode's promise holds — so a trainer may update weights as soon as it returns.
-  ``POST /admin/resume {"engines": [...] | null, "weight_version": str | null}``
-  resumes the engines, records the version, then releases the queue in FIFO
-  order. Both answer the engine list plus ``weight_version`` and
+  ``POST /admin/resume {"engines": [...] | null, "weight_version": str | null,
+  "flush_cache": bool}`` resumes the engines, records the version, then releases
+  the queue in FIFO order; ``flush_cache`` first resets every engine's prefix
+  cache (vLLM ``/reset_prefix_cache``, SGLang ``/flush_cache``) and answers the
+  results under ``"flushed"`` (207 when one failed; the resume goes on). Both answer the engine list plus ``weight_version`` and
   ``engine_pauses`` (docs/operations.md).
 - ``POST /admin/abort {"group" | "request_ids" | "all"}`` aborts requests
   (``server/_abort.py``); answers ``{"queued", "on_engine", "finished"}``.
+- ``GET/POST/DELETE /admin/staleness``: ``{"tenant" | "group_prefix", "step", "eta",
+  "on_stale"?}`` declares a staleness bound (docs/operations.md, "Staleness-bounded
+  admission"); GET lists them with ``started``, ``allowed``, ``waiting``, ``running``.
 - ``GET/POST/DELETE /admin/adapters``: ``{"name", "path", "parent"?}`` registers a
   LoRA adapter the gateway loads on demand.
 
@@ -43,6 +48,7 @@ from trioforward._engine_url import EngineURLError, engine_url
 from trioforward.dispatch import (
     ENGINE_KINDS,
     ENGINE_MODES,
+    StalenessBound,
     bad_version_reason,
     pause_conflict,
 )
@@ -52,6 +58,7 @@ from trioforward.server._errors import RequestError, bad_request
 from trioforward.server._fleet_calls import fleet_pause, fleet_resume, fleet_wide
 from trioforward.server._state import GatewayState, get_state
 from trioforward.server._validate import parse_body
+from trioforward.server.engine_api._push import flush_prefix_caches
 
 __all__ = ["install_admin_routes", "json_response", "sampling_sessions"]
 
@@ -258,13 +265,18 @@ def install_admin_routes(app: QuartTrio) -> None:
     @app.post("/admin/resume")
     async def resume() -> Response:
         state = get_state()
-        data = await _body("engines", "weight_version")
+        data = await _body("engines", "weight_version", "flush_cache")
         version = data.get("weight_version")
+        flush = data.get("flush_cache", False)
+        if not isinstance(flush, bool):
+            raise bad_request("'flush_cache' must be true or false", "flush_cache")
         if version is not None and not isinstance(version, str):
             raise bad_request("'weight_version' must be a string or null", "weight_version")
         if version is not None:
             _check_version(version)
         engines = _known_engines(state, data)
+        # Before the engines take work again: no KV of the old weights serves the new.
+        flushed = await flush_prefix_caches(state, engines) if flush else []
         try:
             if state.fleet is None:
                 await state.client.resume(engines, weight_version=version)
@@ -272,7 +284,52 @@ def install_admin_routes(app: QuartTrio) -> None:
                 await fleet_resume(state, engines, version)
         except EngineControlError as err:
             return json_response(err.to_json(), err.status)
-        return json_response(_weights_json(state))
+        if not flush:
+            return json_response(_weights_json(state))
+        answer = {**_weights_json(state), "flushed": [r.to_json() for r in flushed]}
+        return json_response(answer, 200 if all(r.ok for r in flushed) else 207)
+
+    @app.get("/admin/staleness")
+    async def list_staleness() -> Response:
+        return json_response({"bounds": get_state().client.admission.statistics()})
+
+    @app.post("/admin/staleness")
+    async def declare_staleness() -> Response:
+        state = get_state()
+        data = await _body("tenant", "group_prefix", "step", "eta", "on_stale")
+        try:
+            bound = StalenessBound(
+                data.get("step"),  # type: ignore[arg-type]  # checked by StalenessBound
+                data.get("eta"),  # type: ignore[arg-type]
+                data.get("on_stale", "continue"),
+                data.get("tenant"),
+                data.get("group_prefix"),
+            )
+            if bound.tenant is not None:
+                state.client.tenants.named(bound.tenant)
+        except (ValueError, TypeError) as exc:
+            raise bad_request(str(exc)) from None
+        if state.fleet is not None:
+            await fleet_wide(state.fleet.control.declare_staleness(bound))
+        else:
+            state.client.admission.declare(bound)
+        return json_response(bound.to_json(), 201)
+
+    @app.delete("/admin/staleness")
+    async def withdraw_staleness() -> Response:
+        state = get_state()
+        data = await _body("tenant", "group_prefix")
+        tenant, prefix = data.get("tenant"), data.get("group_prefix")
+        if not isinstance(tenant, str) and not isinstance(prefix, str):
+            raise bad_request("send 'tenant' or 'group_prefix' (a string)")
+        known = {b.key for b in state.client.admission.bounds()}
+        if (f"tenant:{tenant}" if tenant is not None else f"group:{prefix}") not in known:
+            raise RequestError(404, "no such staleness bound", code="not_found")
+        if state.fleet is not None:
+            await fleet_wide(state.fleet.control.withdraw_staleness(tenant, prefix))
+        else:
+            state.client.admission.withdraw(tenant, prefix)
+        return json_response({"tenant": tenant, "group_prefix": prefix, "deleted": True})
 
     @app.get("/admin/adapters")
     async def list_adapters() -> Response:

@@ -173,6 +173,7 @@ def _install_lifespan(app: QuartTrio, settings: Settings, metrics: Metrics) -> N
                     fleet.control.abort_hook = functools.partial(
                         abort_here, app.extensions[STATE_KEY]
                     )
+                client.aborts.on_group_end = metrics.group_tail  # group tails (_metrics.py)
                 nursery.start_soon(metrics.keep_synced)
                 task_status.started()
                 await stop.wait()

@@ -25,6 +25,7 @@ import orjson
 import trio
 
 from trioforward import Phase
+from trioforward.dispatch import STALENESS_HEADER
 from trioforward.errors import EngineRejected, TrioforwardError, UpstreamBroken
 from trioforward.server._asgi import Call, Outcome, Route, Send, respond, send_start
 from trioforward.server._errors import (
@@ -37,7 +38,7 @@ from trioforward.server._served_model import fill_model
 from trioforward.server._sessions import session_turn
 from trioforward.server._state import GatewayState
 from trioforward.server._timing import server_timing
-from trioforward.server._validate import validate_chat, validate_completion
+from trioforward.server._validate import validate_chat, validate_completion, weight_policy
 from trioforward.sessions import session_servable
 
 __all__ = ["ROUTES", "FORWARDED", "forward", "relay_stream"]
@@ -72,6 +73,7 @@ def _start(call: Call) -> Awaitable[None]:
         "request_id": log.request_id,
         "group": log.group,
         "tenant": call.tenant,
+        "weight_policy": weight_policy(call.headers),
     }
     if forward["session"] is not None and call.path == "/v1/chat/completions" and _in_session(call):
         return session_turn(call, forward)  # an agent session's turn: docs/sessions.md
@@ -130,11 +132,17 @@ async def _forward(
     log.dispatched(response.engine, response.attempts, response.queue_time, response.engine_time)
     log.status = response.status
     log.complete = True
-    timing = server_timing(log.arrival, response.queue_time, response.engine_time)
+    log.admission_time = response.admission_time
+    timing = server_timing(
+        log.arrival, response.queue_time, response.engine_time, response.admission_time
+    )
     extra = (*passed_on(response.headers), timing, _id_header(log))
     version = log.version = response.weight_version
     if version is not None:
         extra = (*extra, (_VERSION, version.encode()))
+    if response.staleness is not None:
+        log.staleness = response.staleness
+        extra = (*extra, (STALENESS_HEADER, b"%d" % response.staleness))
     content = response.content
     if transform is not None and 200 <= response.status < 300:
         content = transform(content)
@@ -176,11 +184,15 @@ async def _relay_stream(
                 await respond(send, fs.status, content, _content_type(fs.headers), extra)
                 return
             # Server-Timing of a stream: what is known at its head (module _timing).
-            timing = server_timing(log.arrival, fs.queue_time, fs.engine_time)
+            log.admission_time = fs.admission_time
+            timing = server_timing(log.arrival, fs.queue_time, fs.engine_time, fs.admission_time)
             extra = (*passed_on(fs.headers), timing, _id_header(log))
             version = log.version = fs.weight_version  # at dispatch: docs/operations.md
             if version is not None:
                 extra = (*extra, (_VERSION, version.encode()))
+            staleness = fs.staleness  # as the head goes out (docs/operations.md)
+            if staleness is not None:
+                extra = (*extra, (STALENESS_HEADER, b"%d" % staleness))
             head = [*_SSE, *extra]
             # Shielded: a cancel (an abort pause, a deadline) must not land between
             # h11 taking the head and Hypercorn recording it (send_start).
@@ -204,6 +216,7 @@ async def _relay_stream(
             # What the whole answer took: a continuation's attempts, and both
             # versions when an update came while it ran (as for a whole answer).
             log.attempts, log.version = fs.attempts, fs.final_version
+            log.staleness = fs.staleness
             # The engine ended its stream cleanly: whatever it sent last is its own.
             await send({"type": "http.response.body", "body": partial, "more_body": False})
     except TrioforwardError as err:

@@ -34,7 +34,7 @@ from trioforward.dispatch import QUEUE_TIME_BUCKETS
 from trioforward.server._metrics_tenants import tenant_families
 
 if TYPE_CHECKING:
-    from trioforward.dispatch import Client
+    from trioforward.dispatch import Client, GroupTail
     from trioforward.server._metrics_box import BoxSeries
 
 __all__ = ["Metrics", "CONTENT_TYPE_LATEST", "MAX_VERSION_LABELS", "MULTIPROC_ENV"]
@@ -48,6 +48,16 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # by a burst); engine times from milliseconds to the 2048 s dispatch deadline.
 _QUEUE_BUCKETS = QUEUE_TIME_BUCKETS
 _ENGINE_BUCKETS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 2048)
+_OFF_POLICY = (
+    ("trioforward_admission_wait_seconds", "Time a request waited at a staleness bound before "
+     "it started (only requests that waited; not in queue_wait)", _QUEUE_BUCKETS),
+    ("trioforward_answer_staleness_versions", "Versions the weights that ended an answer were "
+     "behind the current ones when it ended (X-Weight-Staleness)", (0, 1, 2, 3, 4, 8, 16)),
+    ("trioforward_group_last_seconds", "Per rollout group: seconds from its first member's "
+     "arrival to its last member's answer (the time an RL step waits on)", _ENGINE_BUCKETS),
+    ("trioforward_group_spread_seconds", "Per rollout group: seconds between its first and "
+     "its last member's answer", _ENGINE_BUCKETS),
+)
 
 
 class Metrics:
@@ -112,6 +122,12 @@ class Metrics:
             "names two versions); not counted per version",
             registry=self.registry,
         )
+        # Off-policy control (docs/operations.md): the admission wait, answers'
+        # staleness, group tails.
+        self._admission_wait, self._staleness, self._group_last, self._group_spread = (
+            Histogram(name, text, buckets=buckets, registry=self.registry)
+            for name, text, buckets in _OFF_POLICY
+        )
         self._spans_dropped = Counter(
             "trioforward_trace_spans_dropped",
             "Trace spans dropped by reason: queue_full (the export queue was full), "
@@ -151,8 +167,12 @@ class Metrics:
         engine_time: float | None = None,
         weight_version: str | None = None,
         tenant: str | None = None,
+        admission_time: float = 0.0,
+        staleness: int | None = None,
     ) -> None:
-        """Count one finished request; times in seconds (``None`` = not dispatched);
+        """Count one finished request; times in seconds (``None`` = not dispatched;
+        ``admission_time``: at a staleness bound, observed when > 0; ``staleness``:
+        its ``X-Weight-Staleness``, ``None``: none);
         ``weight_version``: the answer's ``X-Weight-Version`` (``None``: none);
         ``tenant``: its tenant's name (observed here only under ``--workers N``:
         otherwise the per-tenant series are read from the dispatch core)."""
@@ -167,11 +187,20 @@ class Metrics:
                 self.box.tenants.queue_wait.labels(tenant).observe(queue_time)
         if engine_time is not None and engine_time > 0:
             self._engine_time.observe(engine_time)
+        if admission_time > 0:
+            self._admission_wait.observe(admission_time)
+        if staleness is not None:
+            self._staleness.observe(staleness)
         if weight_version is not None:
             if ", " in weight_version:  # "step-1, step-2" (dispatch version_label)
                 self._mixed_versions.inc()
             else:
                 self._count_version(weight_version)
+
+    def group_tail(self, tail: GroupTail) -> None:
+        """Observe one rollout group's tail (as it ends; dispatch/rollout/_abort.py)."""
+        self._group_last.observe(tail.last)
+        self._group_spread.observe(tail.spread)
 
     def _count_version(self, version: str) -> None:
         children = self._version_children

@@ -50,6 +50,8 @@ class Outcome:
         "request_id",
         "group",
         "tenant",
+        "admission_time",
+        "staleness",
     )
 
     def __init__(self, route: str, method: str = "POST") -> None:
@@ -68,6 +70,8 @@ class Outcome:
         self.request_id: str | None = None  # X-Request-Id of the answer
         self.group: str | None = None  # X-Rollout-Group of the request
         self.tenant: str | None = None  # its tenant's name (never its key)
+        self.admission_time = 0.0  # s at a staleness bound (docs/operations.md)
+        self.staleness: int | None = None  # X-Weight-Staleness of the answer
 
     def cut(self) -> None:
         """The server cancelled the request (the shutdown grace ended): if nothing
@@ -116,10 +120,12 @@ class Outcome:
                 engine_time=self.engine_time if dispatched else None,
                 weight_version=self.version,
                 tenant=self.tenant,
+                admission_time=self.admission_time,
+                staleness=self.staleness,
             )
         if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(
-                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs id=%s%s%s%s",
+                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs id=%s%s%s%s%s",
                 self.method,
                 self.route,
                 self.status,
@@ -131,4 +137,5 @@ class Outcome:
                 f" error={self.error}" if self.error else "",
                 f" version={self.version.replace(' ', '')}" if self.version else "",
                 f" group={self.group}" if self.group else "",
+                f" admission={self.admission_time:.3f}s" if self.admission_time > 0 else "",
             )

@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from trioforward.dispatch import bad_id_reason
+from trioforward.dispatch import WeightPolicy, bad_id_reason, parse_policy
 from trioforward.server._errors import bad_request
 
-__all__ = ["parse_body", "validate_completion", "validate_chat", "request_identity"]
+__all__ = ["parse_body", "validate_completion", "validate_chat", "request_identity", "weight_policy"]
 
 
 def request_identity(headers: dict[bytes, bytes], client: Any) -> tuple[str, str | None]:
@@ -34,6 +34,19 @@ def request_identity(headers: dict[bytes, bytes], client: Any) -> tuple[str, str
         request_id = _header_id(raw, "X-Request-Id")
     raw = headers.get(b"x-rollout-group")
     return request_id, None if raw is None else _header_id(raw, "X-Rollout-Group")
+
+
+def weight_policy(headers: dict[bytes, bytes]) -> WeightPolicy | None:
+    """The request's ``X-Weight-Policy`` (docs/operations.md, "Which weights a
+    request accepts"), or ``None``; :class:`RequestError` (400 naming the
+    header) when malformed."""
+    raw = headers.get(b"x-weight-policy")
+    if raw is None:
+        return None
+    try:
+        return parse_policy(raw.decode("latin-1"))
+    except ValueError as exc:
+        raise bad_request(f"header X-Weight-Policy: {exc}", "X-Weight-Policy") from None
 
 
 def _header_id(raw: bytes, header: str) -> str:

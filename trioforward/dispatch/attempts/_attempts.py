@@ -187,6 +187,8 @@ class AttemptLoop:
                 engines = self.registry.engines
                 if req.only is not None:
                     engines = [e for e in engines if req.only(e)]
+                if req.accepts is not None:
+                    engines = [e for e in engines if req.accepts(e)]
                 alternative = self.router.pick(
                     engines, session=req.session, avoid=engine, prefix=req.prefix
                 )

@@ -186,7 +186,11 @@ class Dispatcher(AttemptLoop):
                         engine.calls.add(req)
                         req.engine = engine
                         req.dispatched_at = start
-                        req.weight_version = self.weight_version
+                        # The version it runs on: the engine's own in a rolling
+                        # update (dispatch/rollout/_staleness.py), else the recorded one.
+                        runs = engine.reported_version
+                        req.weight_version = self.weight_version if runs is None else runs
+                        req.origin.last_version = req.weight_version
                         req.deadline, req.frozen_time = deadline, 0.0
                         if req.is_adapter:
                             assert req.model is not None

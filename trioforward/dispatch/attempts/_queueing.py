@@ -52,6 +52,16 @@ async def acquire(
         engines = registry.engines
         if req.only is not None:
             engines = [e for e in engines if req.only(e)]
+        if req.accepts is not None and engines:
+            accepted = [e for e in engines if req.accepts(e)]
+            if not any(e.eligible for e in accepted):
+                if woken:
+                    registry.wake()  # not its turn after all: the next parked one's
+                    woken = False
+                waited = True
+                await _wait_for_version(req, queue_deadline, registry, drain)
+                continue
+            engines = accepted
         engine = router.pick(engines, session=req.session, avoid=avoid, prefix=req.prefix)
         if engine is None:
             if not registry.engines:
@@ -112,11 +122,34 @@ async def acquire(
                 engine = got.owner
                 if router.prefix is not None and req.prefix is not None:
                     router.prefix.moved(req.prefix, engine)  # its next turn follows it
-        if engine.eligible:
+        if engine.eligible and (req.accepts is None or req.accepts(engine)):
             return engine, (trio.current_time() if waited else now)
         # Became ineligible between the token hand-off and now.
         engine.queue.give_back(req.tenant)
         avoid = None
+
+
+async def _wait_for_version(
+    req: Request, queue_deadline: float, registry: Registry, drain: Drain
+) -> None:
+    """Wait until engines or versions change: no eligible engine runs weights
+    ``req``'s policy accepts (docs/operations.md, "Which weights a request
+    accepts"). Bounded by ``queue_timeout`` like any QUEUED wait, never by
+    ``unhealthy_timeout``: a resume is on its way, as behind a pause."""
+    message = (
+        "no engine ran weights the request's X-Weight-Policy accepts before queue_timeout passed"
+    )
+    if drain.over():
+        raise drain.refusal()
+    if trio.current_time() >= queue_deadline:
+        raise NoEngineAvailable(message)
+    with trio.CancelScope(deadline=min(queue_deadline, drain.cutoff)) as wait:
+        with drain.bounding(wait, for_engine=False):
+            await registry.wait_changed()
+        return
+    if drain.over():
+        raise drain.refusal()
+    raise NoEngineAvailable(message)
 
 
 def conserve(router: Router, registry: Registry, engine: Engine) -> None:
@@ -133,4 +166,8 @@ def conserve(router: Router, registry: Registry, engine: Engine) -> None:
     donor = max(engines, key=lambda e: len(e.queue))
     if donor is engine or not len(donor.queue) or engine.outstanding >= prefix.room(engines):
         return
-    donor.queue.hand_over(engine.queue, lambda req: req.only is None or req.only(engine))
+    donor.queue.hand_over(
+        engine.queue,
+        lambda req: (req.only is None or req.only(engine))
+        and (req.accepts is None or req.accepts(engine)),
+    )

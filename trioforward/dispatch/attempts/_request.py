@@ -83,12 +83,13 @@ def _b(value: str | bytes) -> bytes:
 class HeaderIdentity:
     """What :func:`prepare_headers` read from the caller's headers (text, or ``None``)."""
 
-    __slots__ = ("session", "request_id", "group")
+    __slots__ = ("session", "request_id", "group", "policy")
 
     def __init__(self) -> None:
         self.session: str | None = None
         self.request_id: str | None = None
         self.group: str | None = None
+        self.policy: str | None = None  # X-Weight-Policy (dispatch/rollout/_staleness.py)
 
 
 _NO_IDENTITY = HeaderIdentity()  # read-only: what no headers say
@@ -96,11 +97,12 @@ _NO_IDENTITY = HeaderIdentity()  # read-only: what no headers say
 
 def prepare_headers(headers: HeaderInput, *, json_body: bool) -> tuple[Headers, HeaderIdentity]:
     """Headers to send upstream (hop-by-hop removed) and what they say of the
-    request: ``X-Session-ID``, ``X-Request-Id`` and ``X-Rollout-Group`` values.
+    request: ``X-Session-ID``, ``X-Request-Id``, ``X-Rollout-Group`` and
+    ``X-Weight-Policy`` values.
 
-    ``X-Request-Id`` and ``X-Rollout-Group`` are not forwarded as they are: each
-    attempt sends its own engine-side id (``Dispatcher``), and the group is the
-    gateway's. With no caller headers the shared ``[(content-type,
+    ``X-Request-Id``, ``X-Rollout-Group`` and ``X-Weight-Policy`` are not forwarded
+    as they are: each attempt sends its own engine-side id (``Dispatcher``), and
+    the group and the policy are the gateway's. With no caller headers the shared ``[(content-type,
     application/json)]`` list is returned (never mutated): no allocation on the
     common path.
     """
@@ -122,6 +124,9 @@ def prepare_headers(headers: HeaderInput, *, json_body: bool) -> tuple[Headers, 
             continue
         elif lname == b"x-rollout-group":
             said.group = bvalue.decode("latin-1")
+            continue
+        elif lname == b"x-weight-policy":
+            said.policy = bvalue.decode("latin-1")
             continue
         elif lname == b"content-type":
             has_type = True
@@ -183,6 +188,11 @@ class Request:
         "engine_request_id",
         "engine_request_ids",
         "only",
+        "accepts",
+        "origin",
+        "last_version",
+        "admission_time",
+        "admission_scope",
         "render",
         "aborted_by_call",
         "left",
@@ -259,6 +269,19 @@ class Request:
         # engine's dialect with the attempt's engine-side id.
         self.only: Callable[[Engine], bool] | None = None
         self.render: Callable[[Engine, str], tuple[str, bytes]] | None = None
+        # Its weight policy's engine filter (None: any version; read at each
+        # routing, versions move: dispatch/rollout/_staleness.py), and the
+        # staleness-bounded admission: seconds it waited there, and that wait's
+        # scope while it waits (dispatch/rollout/_admission.py). Neither is
+        # charged to any dispatch budget.
+        self.accepts: Callable[[Engine], bool] | None = None
+        # The request a continuation was made for (itself if none), and the
+        # version its latest dispatch (a continuation's included) ran on: an
+        # answer's staleness is measured from it.
+        self.origin: Request = self
+        self.last_version: str | None = None
+        self.admission_time = 0.0
+        self.admission_scope: trio.CancelScope | None = None
         # An abort call (_abort.py) ended it: answered normally, never replayed;
         # set once it has left the client (only while an abort call waits); the
         # open body of its stream once handed over (cut from the abort's task).
@@ -274,6 +297,8 @@ class Request:
         if self.abort_reason is None:
             self.abort_reason = reason
         self.scope.cancel()
+        if self.admission_scope is not None:
+            self.admission_scope.cancel()
 
     def extended_deadline(self) -> float:
         """The dispatch deadline moved by the time this request was frozen on a

@@ -26,7 +26,12 @@ class ForwardResponse:
     version that produced it (``"a, b"`` when a keep pause spanned an update;
     ``None`` before any version was recorded; docs/operations.md);
     ``request_id``: the request's id, the caller's or the gateway's
-    (docs/server.md, "Request ids and rollout groups").
+    (docs/server.md, "Request ids and rollout groups"); ``staleness``: versions
+    the weights that ended it are behind the current ones when it ended
+    (``None`` before any version was recorded; docs/operations.md, "Which
+    weights a request accepts"); ``admission_time``: seconds it waited at a
+    staleness bound before it started (not in ``queue_time``;
+    docs/operations.md, "Staleness-bounded admission").
     """
 
     status: int
@@ -39,6 +44,8 @@ class ForwardResponse:
     retries: tuple[tuple[str, str], ...] = ()
     weight_version: str | None = None
     request_id: str = ""
+    staleness: int | None = None
+    admission_time: float = 0.0
 
     def json(self) -> Any:
         """The body parsed with orjson (raises ``orjson.JSONDecodeError``)."""

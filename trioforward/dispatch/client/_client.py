@@ -32,6 +32,7 @@ from trioforward.dispatch.engines._kinds import detect_loop, kind_setting
 from trioforward.dispatch.engines._routing import stable_hash
 from trioforward.dispatch.engines._tenants import TenantTable
 from trioforward.dispatch.rollout._abort import AbortCounts, Aborts
+from trioforward.dispatch.rollout._admission import Admission, StalenessBound
 from trioforward.dispatch.rollout._engine_control import EngineControl
 from trioforward.dispatch.rollout._versions import VersionGate
 from trioforward.dispatch.rollout._weights import WeightUpdates
@@ -84,6 +85,16 @@ class Client(PauseGate, Sampling):
         )
         self.weights = WeightUpdates(self._registry, self._dispatcher, control)
         self.aborts = Aborts(control, settings.abort_grace)
+        # A new version wakes requests waiting for the weights they accept
+        # (_staleness.py) and moves the staleness bounds (_admission.py).
+        self.weights.version_order.on_advance.append(self._registry.notify_changed)
+        self.admission = Admission(
+            self.weights.version_order,
+            self._dispatcher.drain,
+            control,
+            lambda reqs: nursery.start_soon(self.aborts.end, reqs),
+            nursery.start_soon,
+        )
         self.versions = VersionGate(
             self._registry,
             control,
@@ -181,6 +192,36 @@ class Client(PauseGate, Sampling):
         if isinstance(request_ids, str):
             raise ValueError("abort: request_ids is a list of ids, not one string")
         return await self.aborts.abort(request_ids=request_ids, group=group, every=all)
+
+    def declare_staleness(
+        self,
+        *,
+        step: int,
+        eta: int,
+        on_stale: str = "continue",
+        tenant: str | None = None,
+        group_prefix: str | None = None,
+    ) -> StalenessBound:
+        """Bound how far rollouts run ahead of training (docs/operations.md,
+        "Staleness-bounded admission"): of ``tenant``'s requests (a name of the
+        tenant table), or of those whose rollout group starts with
+        ``group_prefix``, at most ``(i + eta + 1) * step`` start, ``i`` counting the
+        versions resumed from now on; the rest wait (never refused) and start as
+        resumes land. A running one that falls more than ``eta`` versions behind
+        is continued on the current weights (``on_stale="continue"``) or aborted
+        with its partial answer (``"abort"``). Replaces an earlier declaration
+        of the same scope. Raises ``ValueError`` for a bad value or an unknown
+        tenant. Returns the declaration."""
+        if tenant is not None:
+            self.tenants.named(tenant)  # ValueError for an unknown one
+        bound = StalenessBound(step, eta, on_stale, tenant, group_prefix)
+        self.admission.declare(bound)
+        return bound
+
+    def withdraw_staleness(self, *, tenant: str | None = None, group_prefix: str | None = None) -> bool:
+        """End the staleness bound of ``tenant`` or ``group_prefix``: its waiting
+        requests start at once. False if none was declared."""
+        return self.admission.withdraw(tenant, group_prefix)
 
     @property
     def continued(self) -> ContinueCounts:

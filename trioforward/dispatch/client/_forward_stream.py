@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -14,6 +14,7 @@ from trioforward.dispatch.dialects._abort_answers import abort_tail
 from trioforward.dispatch.dialects._routes import CONTINUED
 from trioforward.dispatch.rollout._continue_stream import continuing_events
 from trioforward.dispatch.rollout._pause_args import version_label
+from trioforward.dispatch.rollout._staleness import ended_on
 from trioforward.http import PoolError
 
 if TYPE_CHECKING:
@@ -45,14 +46,20 @@ class ForwardStream:
         "retries",
         "weight_version",
         "request_id",
+        "admission_time",
         "cut",
+        "_staleness",
         "_req",
         "_reply",
         "_dispatcher",
     )
 
     def __init__(
-        self, req: Request, reply: Reply | None, dispatcher: Dispatcher | None = None
+        self,
+        req: Request,
+        reply: Reply | None,
+        dispatcher: Dispatcher | None = None,
+        staleness: Callable[[Request], int | None] | None = None,
     ) -> None:
         """``reply`` ``None``: ``req`` was aborted by an abort call before any engine
         answered: a 200 SSE stream that is only the abort tail (docs/operations.md,
@@ -69,6 +76,8 @@ class ForwardStream:
         self.retries = tuple(req.retries) if req.retries else ()
         self.weight_version = req.weight_version  # at dispatch (docs/operations.md)
         self.request_id = req.request_id  # docs/server.md, "Request ids and rollout groups"
+        self.admission_time = req.admission_time  # s at a staleness bound (docs/operations.md)
+        self._staleness = staleness
         self._req = req
         self._reply = reply
         self._dispatcher = dispatcher  # continues an OpenAI stream (docs/operations.md)
@@ -89,7 +98,15 @@ class ForwardStream:
         the body has been read."""
         if self._dispatcher is None:
             return self.weight_version
-        return version_label(self.weight_version, self._dispatcher.weight_version)
+        current = self._dispatcher.weight_version
+        engine = None if self._reply is None else self._reply.engine
+        return version_label(self.weight_version, ended_on(engine, current))
+
+    @property
+    def staleness(self) -> int | None:
+        """Versions the weights it ended on are behind the current ones (read once
+        the body has been read; ``None`` before any version was recorded)."""
+        return None if self._staleness is None else self._staleness(self._req)
 
     @property
     def engine_time(self) -> float:

@@ -38,9 +38,12 @@ from trioforward.dispatch.engines._prefix import request_prefix_key
 from trioforward.dispatch.engines._routing import stable_hash
 from trioforward.dispatch.engines._tenants import Tenant, TenantTable
 from trioforward.dispatch.rollout._abort import Aborts, aborted_response
+from trioforward.dispatch.rollout._admission import Admission
 from trioforward.dispatch.rollout._continue import ask_token_ids
 from trioforward.dispatch.rollout._pause_args import version_label
 from trioforward.dispatch.rollout._replay import replaying_request, replaying_stream
+from trioforward.dispatch.rollout._staleness import WeightPolicy, ended_on, parse_policy
+from trioforward.dispatch.rollout._weights import WeightUpdates
 from trioforward.errors import DispatchAborted
 
 if TYPE_CHECKING:
@@ -61,6 +64,7 @@ class Options(TypedDict, total=False):
     request_id: str | None
     group: str | None
     tenant: str | Tenant | None
+    weight_policy: str | WeightPolicy | None
 
 
 class Forwarding:
@@ -70,6 +74,8 @@ class Forwarding:
     adapters: AdapterRegistry
     tenants: TenantTable
     aborts: Aborts
+    admission: Admission
+    weights: WeightUpdates
     _registry: Registry
     _dispatcher: Dispatcher
     _tracing: Tracing | None
@@ -134,6 +140,14 @@ class Forwarding:
                 req.content, req.asked_ids = asked, True
         if self._prefix_routing and session_hash is None:
             req.prefix = request_prefix_key(json, content, self.settings.prefix_tokens)
+        policy = options.get("weight_policy")
+        if policy is None:
+            policy = said.policy
+        if policy is not None:
+            # Which weights it accepts (docs/operations.md): ValueError when malformed.
+            req.accepts = self.weights.version_order.accepts(
+                policy if isinstance(policy, WeightPolicy) else parse_policy(policy)
+            )
         return req
 
     def _ids_understood(self) -> bool:
@@ -165,7 +179,11 @@ class Forwarding:
         ``tenant``: the tenant it is served for (a
         name of the tenant table; ``None``: ``default_tenant``; docs/embedding.md,
         "Tenants"); ``ValueError`` for an unknown name, :class:`~trioforward.errors.TenantQueueFull`
-        (429) beyond that tenant's ``max_outstanding``.
+        (429) beyond that tenant's ``max_outstanding``. ``weight_policy``: the
+        weights it accepts, ``"latest"``, ``"min_version=V"`` or
+        ``"max_staleness=k"`` (default: the ``X-Weight-Policy`` header, else any;
+        ``ValueError`` when malformed; docs/operations.md, "Which weights a
+        request accepts").
         """
         return await self.request("POST", path, session_implied=session_implied, **options)
 
@@ -194,7 +212,9 @@ class Forwarding:
         dispatcher = self._dispatcher
         aborts = self.aborts
         aborts.enter(req)  # an abort call finds it by id and group (_abort.py)
+        counted = False
         try:
+            counted = self.admission.declared and await self.admission.admit(req)  # _admission.py
             if self._tracing is None:
                 reply = await replaying_request(dispatcher, req)
             else:
@@ -204,6 +224,8 @@ class Forwarding:
                 raise
             return aborted_response(req, dispatcher.weight_version)
         finally:
+            if counted:
+                self.admission.leave(req)
             aborts.leave(req)
         return ForwardResponse(
             reply.status,
@@ -214,9 +236,17 @@ class Forwarding:
             req.queue_time,
             req.engine_time,
             tuple(req.retries) if req.retries else (),
-            version_label(req.weight_version, dispatcher.weight_version),
+            version_label(req.weight_version, ended_on(reply.engine, dispatcher.weight_version)),
             req.request_id,
+            self.staleness(req),
+            req.admission_time,
         )
+
+    def staleness(self, req: Request) -> int | None:
+        """Versions the weights ``req`` ended on are behind the current ones now
+        (``None`` before any version was recorded)."""
+        order = self.weights.version_order
+        return None if order.current is None else order.behind(req.last_version)
 
     @asynccontextmanager
     async def stream(
@@ -241,11 +271,13 @@ class Forwarding:
             replies = self._tracing.stream(req, span, replies)
         aborts = self.aborts
         aborts.enter(req)
+        counted = False
         try:
             try:
+                counted = self.admission.declared and await self.admission.admit(req)  # _admission.py
                 async with replies as reply:
                     req.stream_body = reply.body  # an abort call may cut it (_abort.py)
-                    yield ForwardStream(req, reply, self._dispatcher)
+                    yield ForwardStream(req, reply, self._dispatcher, self.staleness)
                     return
             except DispatchAborted:
                 if not req.aborted_by_call or req.handed_over:
@@ -253,4 +285,6 @@ class Forwarding:
             # Aborted by an abort call before its head: the whole stream is its end.
             yield ForwardStream(req, None)
         finally:
+            if counted:
+                self.admission.leave(req)
             aborts.leave(req)

@@ -25,6 +25,7 @@ from trioforward.dispatch.dialects._complete import (
 )
 from trioforward.dispatch.dialects._dialect import TokenRequest
 from trioforward.dispatch.engines._tenants import Tenant
+from trioforward.dispatch.rollout._staleness import WeightPolicy
 
 __all__ = ["Sampling"]
 
@@ -49,6 +50,7 @@ class Sampling(Forwarding):
         request_id: str | None = None,
         group: str | None = None,
         tenant: str | None = None,
+        weight_policy: str | WeightPolicy | None = None,
         **extra: Any,
     ) -> Completion:
         """Sample ``n`` completions of token-id ``prompt`` (:meth:`sample`: ``POST
@@ -65,6 +67,7 @@ class Sampling(Forwarding):
         dispatch errors of :meth:`post`, and ``ValueError`` for ``stream`` or
         ``return_token_ids`` in ``extra``. ``request_id`` and ``group`` as for
         :meth:`post`; the completion's ``.request_id`` is the request's id.
+        ``weight_policy``: the weights it accepts, as for :meth:`post`.
         """
         request, body = complete_call(
             model=model,
@@ -87,6 +90,7 @@ class Sampling(Forwarding):
             request_id=request_id,
             group=group,
             tenant=tenant,
+            weight_policy=weight_policy,
         )
 
     async def sample(
@@ -100,6 +104,7 @@ class Sampling(Forwarding):
         request_id: str | None = None,
         group: str | None = None,
         tenant: str | Tenant | None = None,
+        weight_policy: str | WeightPolicy | None = None,
     ) -> Completion:
         """Sample a token-level ``request`` on whichever engine routing picks, in
         that engine's dialect (docs/dispatch.md, "Engine dialects"): SGLang
@@ -119,6 +124,7 @@ class Sampling(Forwarding):
             request_id=request_id,
             group=group,
             tenant=tenant,
+            weight_policy=weight_policy,
         )
         return completion_of(response, parse)
 
@@ -133,6 +139,7 @@ class Sampling(Forwarding):
         request_id: str | None = None,
         group: str | None = None,
         tenant: str | Tenant | None = None,
+        weight_policy: str | WeightPolicy | None = None,
     ) -> tuple[ForwardResponse, Callable[[bytes, str | None], Completion]]:
         """As :meth:`sample`, but the engine's answer as it came, whatever its
         status, with the function that decodes a 2xx body of it (the dialect of
@@ -144,6 +151,7 @@ class Sampling(Forwarding):
         json = {"model": request.model, "prompt": request.prompt}
         options = Options(json=json, content=completions_body, headers=headers, session=session)
         options.update(Options(request_id=request_id, group=group, tenant=tenant))
+        options.update(Options(weight_policy=weight_policy))
         req = self._request("POST", _dialect_completions.PATH, options, session_implied)
         req.render = rendering
         return await self._answer(req), rendering.parse

@@ -135,4 +135,6 @@ def completion_of(
     completion.queue_time = response.queue_time
     completion.engine_time = response.engine_time
     completion.request_id = response.request_id
+    completion.staleness = response.staleness
+    completion.admission_time = response.admission_time
     return completion

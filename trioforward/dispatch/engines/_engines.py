@@ -321,6 +321,15 @@ class Registry:
             self._changed = trio.Event()
         await self._changed.wait()
 
+    def notify_changed(self) -> None:
+        """Something requests route by changed other than an engine's eligibility (a
+        new weight version: dispatch/rollout/_staleness.py): wake the waits of
+        :meth:`wait_changed` and the first parked request."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+        self.wake()
+
     def set_held(self, engine: Engine, reason: str | None) -> None:
         """Hold ``engine`` out of dispatch for ``reason`` (``None``: release it; _versions.py)."""
         engine.held_out = reason

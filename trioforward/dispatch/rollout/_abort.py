@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -43,13 +43,29 @@ from trioforward.dispatch.engines._engines import Engine
 from trioforward.dispatch.rollout._engine_control import EngineControl, EngineControlError
 from trioforward.dispatch.rollout._pause_args import version_label
 
-__all__ = ["Aborts", "AbortCounts", "ABORT_REASON", "aborted_response"]
+__all__ = ["Aborts", "AbortCounts", "GroupTail", "ABORT_REASON", "aborted_response"]
 
 log = logging.getLogger("trioforward.dispatch")
 
 ABORT_REASON = "aborted by an abort call"
 #: How many finished request ids and groups are remembered (to count ``finished``).
 REMEMBERED = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTail:
+    """A rollout group's tail, the figure an RL step waits on (docs/operations.md,
+    "Group tails"): ``last`` seconds from its first member's arrival to its last
+    member's answer, ``spread`` seconds between its first and its last answer,
+    over ``members`` requests. A group ends when its last outstanding member is
+    answered (a member sent after that starts the group's next tail)."""
+
+    last: float
+    spread: float
+    members: int
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"last_s": self.last, "spread_s": self.spread, "members": self.members}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +78,8 @@ class AbortCounts:
     queued: int = 0
     on_engine: int = 0
     finished: int = 0
+    #: The aborted group's tail, once it ended (an abort by ``group`` only).
+    tail: GroupTail | None = None
 
     def __add__(self, other: AbortCounts) -> AbortCounts:
         return AbortCounts(
@@ -71,6 +89,7 @@ class AbortCounts:
         )
 
     def to_json(self) -> dict[str, int]:
+        """The counts (the group's tail is :attr:`tail`, not in here)."""
         return {"queued": self.queued, "on_engine": self.on_engine, "finished": self.finished}
 
 
@@ -119,6 +138,11 @@ class Aborts:
         self.by_group: dict[str, set[Request]] = {}
         self.finished_ids: OrderedDict[str, None] = OrderedDict()
         self.finished_groups: OrderedDict[str, int] = OrderedDict()
+        # Group tails: [first arrival, first answer, last answer, members] of each
+        # live group; the tails of the last ended ones; the hook told of each end.
+        self._spans: dict[str, list[float]] = {}
+        self.tails: OrderedDict[str, GroupTail] = OrderedDict()
+        self.on_group_end: Callable[[GroupTail], None] | None = None
 
     # -- bookkeeping (every request) -------------------------------------------------
 
@@ -133,6 +157,8 @@ class Aborts:
             members = self.by_group.get(req.group)
             if members is None:
                 self.by_group[req.group] = {req}
+                if req.group not in self._spans:
+                    self._spans[req.group] = [trio.current_time(), -1.0, 0.0, 0]
             else:
                 members.add(req)
 
@@ -154,6 +180,7 @@ class Aborts:
             members = self.by_group.get(group)
             if members is not None:
                 members.discard(req)
+                self._answered(group, not members)
                 if not members:
                     del self.by_group[group]
             if not req.aborted_by_call:
@@ -163,6 +190,24 @@ class Aborts:
                     done.popitem(last=False)
         if req.left is not None:
             req.left.set()
+
+    def _answered(self, group: str, ended: bool) -> None:
+        span = self._spans.get(group)
+        if span is None:
+            return
+        now = trio.current_time()
+        if span[1] < 0:
+            span[1] = now
+        span[2] = now
+        span[3] += 1
+        if ended:
+            del self._spans[group]
+            tail = GroupTail(now - span[0], now - span[1], int(span[3]))
+            self.tails[group] = tail
+            if len(self.tails) > REMEMBERED:
+                self.tails.popitem(last=False)
+            if self.on_group_end is not None:
+                self.on_group_end(tail)
 
     # -- the abort call --------------------------------------------------------------
 
@@ -195,6 +240,14 @@ class Aborts:
     ) -> AbortCounts:
         """Abort the matching requests (see the module); returns what it did."""
         targets, finished = self._targets(request_ids, group, every)
+        counts = await self.end(targets, finished)
+        if group is not None and request_ids is None:
+            return replace(counts, tail=self.tails.get(group))
+        return counts
+
+    async def end(self, targets: list[Request], finished: int = 0) -> AbortCounts:
+        """Abort ``targets`` as :meth:`abort` does (``finished``: the named ones
+        already answered, only counted)."""
         queued: list[Request] = []
         dispatched: dict[Engine, list[Request]] = {}
         for req in targets:

@@ -318,5 +318,7 @@ def derived(req: Request, content: bytes, path: str | None = None) -> Request:
         sub.only = req.only
     if sub.url_path == SGLANG:  # with a fresh rid per attempt
         sub.render = lambda engine, engine_id: (SGLANG, with_rid(content, engine_id))
+    sub.accepts = req.accepts  # its weight policy holds for every segment
+    sub.origin = req.origin  # whose answer's staleness its version sets
     sub.admitted = True  # the same request: admitted once, under req's admission
     return sub

@@ -44,6 +44,7 @@ from trioforward.dispatch.rollout._engine_control import (
     EngineControlError,
 )
 from trioforward.dispatch.rollout._pause_args import bad_version_reason, pause_conflict
+from trioforward.dispatch.rollout._staleness import VersionOrder
 from trioforward.errors import PauseOvertaken
 
 __all__ = ["WeightUpdates", "EnginePause"]
@@ -67,6 +68,8 @@ class WeightUpdates:
         self._dispatcher = dispatcher
         self.control = control
         self.versions: Any = None  # the client's VersionGate (_versions.py)
+        #: The versions in the order they were resumed (_staleness.py).
+        self.version_order = VersionOrder()
         # Engine URL -> its pause, recorded *before* the engine is asked: an engine
         # whose pause answer never came may be paused, and every resume (and the
         # rollback of a failed pause) resumes what is recorded here.
@@ -297,10 +300,13 @@ class WeightUpdates:
                 del self.engine_pauses[engine.url]
             paused = []
         failed = await self._resume_engines(paused, weight_version)
-        if weight_version is not None:
-            self._dispatcher.weight_version = weight_version
         now = trio.current_time()
         for engine in targets:
+            if weight_version is not None and engine not in failed and engine.held_out is None:
+                # What it runs now (_staleness.py). One held out until it reports a
+                # version was not told this one (unless resumed at the engine
+                # level: VersionGate.resumed below), so it is not assumed to run it.
+                engine.reported_version = weight_version
             for req in engine.calls:
                 if req.frozen_since is not None:
                     req.frozen_time += now - req.frozen_since
@@ -309,6 +315,8 @@ class WeightUpdates:
                 if engine in paused and self.versions is not None:
                     self.versions.resumed(engine, weight_version)
                 self._registry.set_paused(engine, False)
+        if weight_version is not None:
+            self.record_version(weight_version)
         if self.versions is not None and weight_version is not None:
             self.versions.recheck()
             # An engine whose resume failed may still run the old weights: held
@@ -343,8 +351,10 @@ class WeightUpdates:
             )
 
     def record_version(self, version: str) -> None:
-        """Record the weight version every later dispatch is stamped with."""
+        """Record the weight version every later dispatch is stamped with (the
+        current one of :attr:`order`)."""
         self._dispatcher.weight_version = version
+        self.version_order.record(version)
 
     async def _resume_engines(
         self, engines: list[Engine], version: str | None

@@ -37,7 +37,14 @@ from trioforward.dispatch import EngineInfo
 from trioforward.errors import EngineControlError
 from trioforward.server._state import GatewayState
 
-__all__ = ["EngineResult", "Pending", "PushOutcome", "engines_of", "fan_out", "kinds_known", "push", "pending"]
+__all__ = [
+    "EngineResult", "Pending", "PushOutcome", "engines_of", "fan_out", "kinds_known", "push",
+    "pending", "flush_prefix_caches", "FLUSH_PATHS",
+]  # fmt: skip
+
+#: Each kind's prefix-cache reset (vLLM 0.32 ``POST /reset_prefix_cache``, SGLang
+#: 0.5.23 ``POST /flush_cache``): what ``/admin/resume {"flush_cache": true}`` calls.
+FLUSH_PATHS = {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
 
 log = logging.getLogger("trioforward.server")
 
@@ -139,6 +146,24 @@ def _paused(state: GatewayState, urls: list[str]) -> bool:
     inside a trainer's pause)."""
     pauses = state.client.weights.engine_pauses
     return bool(urls) and all(url in pauses for url in urls)
+
+
+async def flush_prefix_caches(state: GatewayState, urls: list[str] | None) -> list[EngineResult]:
+    """Reset the prefix cache of every engine among ``urls`` (all if ``None``) whose
+    kind has a reset (:data:`FLUSH_PATHS`), at once: KV computed under the old
+    weights must not serve the new ones (docs/operations.md, "The whole update
+    through the gateway"). Never raises for one engine; results in registry order."""
+    await kinds_known(state)
+    wanted = None if urls is None else set(urls)
+    by_path: dict[str, list[str]] = {}
+    for info in state.client.engines.list():
+        path = FLUSH_PATHS.get(info.kind or "")
+        if path is not None and (wanted is None or info.url in wanted):
+            by_path.setdefault(path, []).append(info.url)
+    results: list[EngineResult] = []
+    for path, engines in by_path.items():
+        results += await fan_out(state, engines, "POST", path, None)
+    return results
 
 
 async def push(

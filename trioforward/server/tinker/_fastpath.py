@@ -23,6 +23,7 @@ import orjson
 from trioforward.errors import QueueFull
 from trioforward.server._asgi import Call, Route, respond
 from trioforward.server._errors import RequestError, bad_request
+from trioforward.server._validate import weight_policy
 from trioforward.server.tinker import _fleet
 from trioforward.server.tinker._futures import (
     PENDING,
@@ -85,6 +86,7 @@ def _asample(call: Call) -> Awaitable[None]:
             raise RequestError(429, str(err), code=err.code, retry_after=hint)
         job = parse_sample(body, sampling_session)
         job.tenant = tenant
+        job.policy = weight_policy(call.headers)  # a 400 naming the header when malformed
         if state.shared is not None:  # fleet mode: claim (session, seq) fleet-wide
             return _fleet.submit(state, key, job, call)
         try:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from trioforward.dispatch import TokenRequest
+from trioforward.dispatch import TokenRequest, WeightPolicy
 from trioforward.server._errors import RequestError
 
 if TYPE_CHECKING:
@@ -72,6 +72,8 @@ class SampleJob:
     group: str | None = None
     tokens: TokenRequest | None = None
     tenant: Any = None  # the dispatch Tenant of the caller's API key (None: the default)
+    # The X-Weight-Policy header (docs/operations.md, "Which weights a request accepts").
+    policy: WeightPolicy | None = None
 
 
 _TINKER = "tinker://"

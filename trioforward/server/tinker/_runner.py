@@ -113,13 +113,15 @@ async def run_sample(
     from trioforward.errors import ShuttingDown, TrioforwardError
 
     parse = None
+    # Its X-Weight-Policy, parsed at asample, goes as the header the client reads.
+    policy = () if job.policy is None else (("X-Weight-Policy", str(job.policy)),)
     try:
         if job.tokens is None:
             response = await client.post(
                 "/v1/completions",
                 content=job.body,
                 json={"model": job.model},
-                headers=[("X-Session-ID", job.session), _HEADERS_CT],
+                headers=[("X-Session-ID", job.session), _HEADERS_CT, *policy],
                 session_implied=True,  # routing = "prefix" routes a sample by its prompt
                 request_id=job.request_id,
                 group=job.group,
@@ -129,7 +131,7 @@ async def run_sample(
             response, parse = await client.sample_response(
                 job.tokens,
                 session=job.session,
-                headers=[("X-Session-ID", job.session)],
+                headers=[("X-Session-ID", job.session), *policy],
                 session_implied=True,  # routing = "prefix" routes a sample by its prompt
                 completions_body=job.body,
                 request_id=job.request_id,
