@@ -114,6 +114,7 @@ async def test_a_rollout_falling_more_than_eta_behind(fd_baseline: int, on_stale
             nursery.start_soon(rollout)
             with trio.fail_after(30):
                 await a.stats.wait_for(lambda s: s.running > 0)
+            await trio.sleep(0.1)  # ten tokens decoded under the first weights
             await client.pause(engine_mode="keep")
             await client.resume(weight_version="v1")  # it is now one version behind
         (answer,) = answers
