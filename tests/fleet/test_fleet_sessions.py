@@ -1,9 +1,13 @@
 """Agent sessions in fleet mode (docs/sessions.md, "Fleet mode"): the session lives
-in the state store, so any member serves any turn and a member that leaves
-loses no session."""
+in the state store, so any member serves any turn and a member that leaves, or
+is killed, loses no session."""
 
 from __future__ import annotations
 
+import signal
+import socket
+import subprocess
+import sys
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -87,3 +91,69 @@ async def test_session_turns_answer_503_while_the_state_store_is_down(
     for reply in (down, read):
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "state_unavailable"
     assert engine.stats.by_path["/v1/completions"] == 1  # nothing generated that could not be kept
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _serve(engine_url: str, valkey: Any, fleet_name: str) -> tuple[trio.Process, str]:
+    """A ``trioforward serve`` process in the fleet; returns it once it listens."""
+    port = _free_port()
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", "from trioforward.cli import main; main()", "serve",
+         "--engine", engine_url, "--port", str(port), "--state-url", valkey.url,
+         "--fleet-name", fleet_name, "--member-ttl", "2"],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    log = bytearray()
+    assert proc.stderr is not None
+    with trio.fail_after(60):
+        while b"listening on" not in log:
+            chunk = await proc.stderr.receive_some()
+            if not chunk:
+                raise AssertionError(f"serve exited: {log.decode()}")
+            log += chunk
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def test_a_member_killed_between_turns_loses_no_session(
+    valkey: Any, fleet_name: str, fd_baseline: int
+) -> None:
+    head = {"X-Session-Id": "killed"}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    procs: list[trio.Process] = []
+    async with open_sim() as engine:
+        try:
+            urls = []
+            for _ in range(2):
+                proc, url = await _serve(engine.url, valkey, fleet_name)
+                procs.append(proc)
+                urls.append(url)
+            async with httpx.AsyncClient(base_url=urls[0], timeout=30) as ca:
+                one = (
+                    await ca.post("/v1/chat/completions", json=_turn(messages), headers=head)
+                ).json()
+            procs[0].kill()  # SIGKILL: no drain, no goodbye to the fleet
+            assert await procs[0].wait() == -signal.SIGKILL
+            messages += [one["choices"][0]["message"], {"role": "user", "content": "on"}]
+            async with httpx.AsyncClient(base_url=urls[1], timeout=30) as cb:
+                two = (
+                    await cb.post("/v1/chat/completions", json=_turn(messages), headers=head)
+                ).json()
+                trajectory = (await cb.get("/v1/sessions/killed")).json()
+        finally:
+            with trio.CancelScope(shield=True):
+                for proc in procs:
+                    if proc.returncode is None:
+                        proc.kill()
+                    await proc.wait()
+                    assert proc.stderr is not None
+                    await proc.stderr.aclose()
+    p1, t1 = one["prompt_token_ids"], one["choices"][0]["token_ids"]
+    assert two["session"] == {"id": "killed", "turn": 1, "branch": False}
+    assert two["prompt_token_ids"][: len(p1) + len(t1)] == p1 + t1
+    assert list(engine.stats.prompts) == [p1, two["prompt_token_ids"]]  # the engine's side
+    assert [t["token_ids"] for t in trajectory["turns"]] == [t1, two["choices"][0]["token_ids"]]
