@@ -5,16 +5,13 @@ is killed, loses no session."""
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
-import sys
 from contextlib import AsyncExitStack
 from typing import Any
 
 import httpx
 import trio
 from fleet_testing import open_members, until_members
-from gateway_harness import open_sim
+from gateway_harness import open_sim, reap, start_serve
 
 
 def _turn(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,32 +90,6 @@ async def test_session_turns_answer_503_while_the_state_store_is_down(
     assert engine.stats.by_path["/v1/completions"] == 1  # nothing generated that could not be kept
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _serve(engine_url: str, valkey: Any, fleet_name: str) -> tuple[trio.Process, str]:
-    """A ``trioforward serve`` process in the fleet; returns it once it listens."""
-    port = _free_port()
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", "from trioforward.cli import main; main()", "serve",
-         "--engine", engine_url, "--port", str(port), "--state-url", valkey.url,
-         "--fleet-name", fleet_name, "--member-ttl", "2"],
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    log = bytearray()
-    assert proc.stderr is not None
-    with trio.fail_after(60):
-        while b"listening on" not in log:
-            chunk = await proc.stderr.receive_some()
-            if not chunk:
-                raise AssertionError(f"serve exited: {log.decode()}")
-            log += chunk
-    return proc, f"http://127.0.0.1:{port}"
-
-
 async def test_a_member_killed_between_turns_loses_no_session(
     valkey: Any, fleet_name: str, fd_baseline: int
 ) -> None:
@@ -129,7 +100,9 @@ async def test_a_member_killed_between_turns_loses_no_session(
         try:
             urls = []
             for _ in range(2):
-                proc, url = await _serve(engine.url, valkey, fleet_name)
+                proc, url, _ = await start_serve(
+                    engine.url, "--state-url", valkey.url, "--fleet-name", fleet_name
+                )
                 procs.append(proc)
                 urls.append(url)
             async with httpx.AsyncClient(base_url=urls[0], timeout=30) as ca:
@@ -145,13 +118,8 @@ async def test_a_member_killed_between_turns_loses_no_session(
                 ).json()
                 trajectory = (await cb.get("/v1/sessions/killed")).json()
         finally:
-            with trio.CancelScope(shield=True):
-                for proc in procs:
-                    if proc.returncode is None:
-                        proc.kill()
-                    await proc.wait()
-                    assert proc.stderr is not None
-                    await proc.stderr.aclose()
+            for proc in procs:
+                await reap(proc)
     p1, t1 = one["prompt_token_ids"], one["choices"][0]["token_ids"]
     assert two["session"] == {"id": "killed", "turn": 1, "branch": False}
     assert two["prompt_token_ids"][: len(p1) + len(t1)] == p1 + t1
