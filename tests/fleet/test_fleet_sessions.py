@@ -116,6 +116,13 @@ async def test_a_member_killed_between_turns_loses_no_session(
                 two = (
                     await cb.post("/v1/chat/completions", json=_turn(messages), headers=head)
                 ).json()
+                # A streamed turn holds the session in the store the same way.
+                messages += [two["choices"][0]["message"], {"role": "user", "content": "end"}]
+                streamed = {**_turn(messages), "stream": True}
+                async with cb.stream(
+                    "POST", "/v1/chat/completions", json=streamed, headers=head
+                ) as reply:
+                    body = b"".join([chunk async for chunk in reply.aiter_bytes()])
                 trajectory = (await cb.get("/v1/sessions/killed")).json()
         finally:
             for proc in procs:
@@ -123,5 +130,9 @@ async def test_a_member_killed_between_turns_loses_no_session(
     p1, t1 = one["prompt_token_ids"], one["choices"][0]["token_ids"]
     assert two["session"] == {"id": "killed", "turn": 1, "branch": False}
     assert two["prompt_token_ids"][: len(p1) + len(t1)] == p1 + t1
-    assert list(engine.stats.prompts) == [p1, two["prompt_token_ids"]]  # the engine's side
-    assert [t["token_ids"] for t in trajectory["turns"]] == [t1, two["choices"][0]["token_ids"]]
+    p2, t2 = two["prompt_token_ids"], two["choices"][0]["token_ids"]
+    assert body.rstrip().endswith(b"data: [DONE]")
+    p3 = list(engine.stats.prompts)[2]
+    assert list(engine.stats.prompts) == [p1, p2, p3] and p3[: len(p2) + len(t2)] == p2 + t2
+    assert [t["token_ids"] for t in trajectory["turns"]] == [t1, t2, engine.stats.sampled[2][0]]
+    assert trajectory["branch_points"] == []

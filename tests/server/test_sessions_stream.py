@@ -121,10 +121,15 @@ async def test_a_stream_the_client_leaves_records_nothing(gateway: Gateway, engi
             await engine.stats.wait_for(lambda s: s.aborted >= 1)
         await trio.testing.wait_all_tasks_blocked()
         kept = (await client.get("/v1/sessions/left")).json()
+        # A streamed turn whose history cannot be rendered: a JSON 400 before any stream.
+        bad = {**streamed, "messages": [*messages, {"role": "user", "content": {"no": 1}}]}
+        refused = await client.post("/v1/chat/completions", json=bad, headers=head)
         again = await client.post(
             "/v1/chat/completions", json={**body, "messages": messages}, headers=head
         )
     assert [t["token_ids"] for t in kept["turns"]] == [one["choices"][0]["token_ids"]]
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "render_failed"
+    assert refused.headers["content-type"].startswith("application/json")
     assert again.status_code == 200  # not left busy
     two = again.json()
     assert two["session"] == {"id": "left", "turn": 1, "branch": False}

@@ -165,6 +165,12 @@ class Sessions:
         full, 502 no token ids, 503 fleet store unreachable) and the dispatch
         core's errors."""
         check_body(body)
+        if body.get("stream"):
+            raise SessionError(
+                400,
+                "a streamed session turn goes through Sessions.streamed (docs/sessions.md, \"Streamed turns\")",
+                "unsupported_in_session",
+            )
         async with self._held(self._tenant(tenant), session_id) as session:
             rendered, _, _ = await self._prompt(session, body, tenant)
             started = time.time()
