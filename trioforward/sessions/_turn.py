@@ -6,10 +6,12 @@ The engine gets the turn as a token completion — ``POST /v1/completions`` with
 ``logprobs`` — so it is prompted with exactly the ids the session holds, and
 the dispatch core continues it across weight updates like any token completion
 (docs/operations.md, "Which routes continue"). The answer is written back in
-the chat shape vLLM 0.32 uses (``chat.completion``: ``message``, ``logprobs.content``
+the chat shape vLLM 0.32 uses (``chat.completion``: ``message`` with the
+``tool_calls`` its tool parser would give, :mod:`._tools`; ``logprobs.content``
 entries ``{token, logprob, bytes, top_logprobs}``, ``token_ids``,
 ``prompt_token_ids`` with ``return_token_ids``), plus the choice's
 ``weight_versions`` spans and a ``session`` object ``{"id", "turn", "branch"}``.
+A streamed turn's chunks are :mod:`._stream`'s.
 """
 
 from __future__ import annotations
