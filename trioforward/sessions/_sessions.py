@@ -118,9 +118,8 @@ class Sessions:
             if not session.turns:  # a first turn that failed leaves nothing behind
                 self.store.discard(tenant, session_id)
 
-    async def _prompt(
-        self, session: Session, body: dict[str, Any], tenant: Any
-    ) -> tuple[Rendered, list[dict[str, Any]], Any]:
+    async def _prompt(self, session: Session, body: dict[str, Any], tenant: Any) -> Rendered:
+        """The turn's prompt (docs/sessions.md, "How a turn is built")."""
         messages, tools = check_body(body)
         model = body.get("model")
 
@@ -129,7 +128,7 @@ class Sessions:
                 msgs, tools, generation, model=model, tenant=tenant, session=session.id
             )
 
-        return await turn_prompt(session, messages, tools, render), messages, tools
+        return await turn_prompt(session, messages, tools, render)
 
     def _commit(
         self,
@@ -168,11 +167,11 @@ class Sessions:
         if body.get("stream"):
             raise SessionError(
                 400,
-                "a streamed session turn goes through Sessions.streamed (docs/sessions.md, \"Streamed turns\")",
+                'a streamed session turn goes through Sessions.streamed (docs/sessions.md, "Streamed turns")',
                 "unsupported_in_session",
             )
         async with self._held(self._tenant(tenant), session_id) as session:
-            rendered, _, _ = await self._prompt(session, body, tenant)
+            rendered = await self._prompt(session, body, tenant)
             started = time.time()
             response = await self.client.request(
                 "POST", "/v1/completions",
@@ -208,7 +207,7 @@ class Sessions:
         stream went out, the turn is not recorded)."""
         check_body(body)
         async with self._held(self._tenant(tenant), session_id) as session:
-            rendered, _, _ = await self._prompt(session, body, tenant)
+            rendered = await self._prompt(session, body, tenant)
             where = {
                 "id": session_id, "turn": len(session.turns),
                 "branch": rendered.branch_reason is not None,
