@@ -134,22 +134,18 @@ class Sessions:
         self,
         session: Session,
         body: dict[str, Any],
-        answer: dict[str, Any],
-        rendered: Rendered,
-        started: float,
-        engine: str,
-        version: str | None,
+        turn: Turn,
+        text: str,
         parsed: tuple[dict[str, Any], dict[str, Any]] | None = None,
-    ) -> tuple[Turn, dict[str, Any], dict[str, Any]]:
-        """Record the turn the engine's completion ``answer`` made; returns it, its
-        choice and the chat answer's message (``parsed``: already made, as
-        :func:`answer_message` gives it). Raises :class:`SessionError` 502."""
-        turn, choice = record_turn(answer, rendered, started, engine, version)
-        message, kept = parsed or answer_message(choice.get("text") or "", body, self.tool_parser)
+    ) -> dict[str, Any]:
+        """Add ``turn`` (the engine sampled ``text``) to the session; returns the
+        chat answer's message (``parsed``: already made, as :func:`answer_message`
+        gives it)."""
+        message, kept = parsed or answer_message(text, body, self.tool_parser)
         session.turns.append(turn)
         session.messages = [*body["messages"], kept]
         session.tools = body.get("tools")
-        return turn, choice, message
+        return message
 
     async def turn(
         self, session_id: str, body: dict[str, Any], *, tenant: Any = None, **forward: Any
@@ -184,9 +180,10 @@ class Sessions:
                 answer = orjson.loads(response.content)
             except orjson.JSONDecodeError:
                 answer = {}
-            turn, choice, message = self._commit(
-                session, body, answer, rendered, started, response.engine, response.weight_version
+            turn, choice = record_turn(
+                answer, rendered, started, response.engine, response.weight_version
             )
+            message = self._commit(session, body, turn, choice.get("text") or "")
             turn.queue_time, turn.engine_time = response.queue_time, response.engine_time
             where = {"id": session_id, "turn": len(session.turns) - 1, "branch": turn.branch}
             content = chat_answer(body, answer, choice, message, turn, where, response.request_id)
@@ -217,10 +214,10 @@ class Sessions:
             streamed.started = time.time()
             yield streamed
             if streamed.done:
-                turn, _, _ = self._commit(
-                    session, body, streamed.answer(), rendered, streamed.started,
-                    streamed.engine, streamed.version, streamed.parsed,
-                )  # fmt: skip
+                turn, _ = record_turn(
+                    streamed.answer(), rendered, streamed.started, streamed.engine, streamed.version
+                )
+                self._commit(session, body, turn, streamed.text, streamed.parsed)
                 turn.queue_time = streamed.queue_time
                 turn.engine_time = max(turn.finished - streamed.started - streamed.queue_time, 0.0)
 
