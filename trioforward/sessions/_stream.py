@@ -177,7 +177,8 @@ class StreamedTurn:
         the text before a ``<tool_call>`` (or the start of one)."""
         end = len(self.text)
         if self.parses:
-            at = self.text.find(_START)
+            # No tag begins before what was sent (a possible start is held back).
+            at = self.text.find(_START, self.sent)
             end = at if at >= 0 else end - _overlap(self.text, _START)
         piece = self.text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)
