@@ -32,6 +32,8 @@ from trioforward._tenant_spec import TenantSpec
 __all__ = ["Settings", "SettingsError", "Knob", "knobs", "ROUTING_POLICIES", "RENAMED_KNOBS", "coerce"]
 
 ROUTING_POLICIES = ("least-outstanding", "round-robin", "session", "prefix")
+# session_tool_parser's values: vLLM's --tool-call-parser names (docs/sessions.md, "Tool calls").
+TOOL_PARSERS = ("hermes", "qwen3_json", "none")
 ENGINE_KINDS = ("auto", "vllm", "sglang", "openai", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ENV_PREFIX = "TRIOFORWARD_"
@@ -105,10 +107,11 @@ class Settings:
     max_body_size: int = _knob(64 * 1024 * 1024, "largest request body; 413 beyond", "bytes", "server")
 
     # --- agent sessions (docs/sessions.md) ---------------------------------------
-    chat_sessions: bool = _knob(True, "X-Session-Id on POST /v1/chat/completions makes the request a turn of that agent session (not streamed, n = 1, no structured outputs: those are forwarded as before); false = the header only routes", "", "server")
+    chat_sessions: bool = _knob(True, "X-Session-Id on POST /v1/chat/completions makes the request a turn of that agent session (n = 1, no structured outputs, no forced tool call: those are forwarded as before); false = the header only routes", "", "server")
     session_ttl: float = _knob(3600.0, "a chat session (X-Session-Id) unused this long is dropped with its trajectory", "s", "server")
     max_sessions: int = _knob(100000, "chat sessions held at most; a new one beyond is refused 429 session_store_full; 0 = unlimited", "sessions", "server")
     session_tokenizer: str | None = _knob(None, "local model directory (tokenizer.json and its chat template) that renders session turns; unset = the engine's POST /tokenize", "path", "server")
+    session_tool_parser: str = _knob("hermes", "how tool calls in a session turn's answer are parsed, as vLLM's --tool-call-parser of that name: hermes (<tool_call>{json}</tool_call>: Qwen2.5/Qwen3, Hermes) | qwen3_json (the same) | none (left in the content)", "", "server")
 
     # --- traces (docs/operations.md, "End-to-end traces") ---------------------
     otlp_endpoint: str | None = _knob(None, "OpenTelemetry collector base URL (http://host:4318): spans go to URL/v1/traces over OTLP/HTTP protobuf; unset = the OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT variables, and no tracing without them (needs the tracing extra)", "URL", "tracing")
@@ -141,6 +144,8 @@ class Settings:
                 value = tuple(value)
                 object.__setattr__(self, f.name, value)
             validate(f.name, value)
+        if self.session_tool_parser not in TOOL_PARSERS:
+            raise SettingsError("session_tool_parser", self.session_tool_parser, f"must be one of {', '.join(TOOL_PARSERS)}")
         if self.routing not in ROUTING_POLICIES:
             raise SettingsError("routing", self.routing, f"must be one of {', '.join(ROUTING_POLICIES)}")
         if self.prefix_load_factor < 1:

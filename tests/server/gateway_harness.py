@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -71,3 +74,44 @@ def generation_requests(engine: Any) -> int:
     """Generation requests the engine received (health probes excluded)."""
     by_path = engine.stats.by_path
     return int(by_path["/v1/completions"] + by_path["/v1/chat/completions"])
+
+
+def free_port() -> int:
+    """A loopback TCP port free now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def start_serve(engine_url: str, *flags: str) -> tuple[trio.Process, str, bytearray]:
+    """A ``trioforward serve`` process on a free port, once it listens: ``(process,
+    base URL, its stderr so far)``; :func:`reap` it."""
+    port = free_port()
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-c", "from trioforward.cli import main; main()", "serve",
+         "--engine", engine_url, "--port", str(port), *flags],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    log = bytearray()
+    assert proc.stderr is not None
+    try:
+        with trio.fail_after(60):
+            while b"listening on" not in log:
+                chunk = await proc.stderr.receive_some()
+                if not chunk:
+                    raise AssertionError(f"gateway exited: {log.decode()}")
+                log += chunk
+    except BaseException:
+        await reap(proc)
+        raise
+    return proc, f"http://127.0.0.1:{port}", log
+
+
+async def reap(proc: trio.Process) -> None:
+    """Kill ``proc`` if it runs, wait for it, close its stderr (shielded)."""
+    if proc.returncode is None:
+        proc.kill()
+    with trio.CancelScope(shield=True):
+        await proc.wait()
+        if proc.stderr is not None:
+            await proc.stderr.aclose()

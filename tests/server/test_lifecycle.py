@@ -12,7 +12,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from gateway_harness import generation_requests, open_gateway, open_sim
+from gateway_harness import generation_requests, open_gateway, open_sim, reap, start_serve
 
 from trioforward._settings import Settings
 from trioforward.server import create_app, hypercorn_config
@@ -61,42 +61,6 @@ async def test_a_long_stream_arrives_whole(autojump_clock: trio.testing.MockCloc
     assert raw.rstrip().endswith(b"data: [DONE]")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def _start_gateway(engine_url: str, *flags: str) -> tuple[trio.Process, str, bytearray]:
-    port = _free_port()
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-c", "from trioforward.cli import main; main()", "serve", "--engine", engine_url, "--port", str(port), *flags],
-        stderr=subprocess.PIPE,
-    )
-    log = bytearray()
-    assert proc.stderr is not None
-    try:
-        with trio.fail_after(30):
-            while b"listening on" not in log:
-                chunk = await proc.stderr.receive_some()
-                if not chunk:
-                    raise AssertionError(f"gateway exited: {log.decode()}")
-                log += chunk
-    except BaseException:
-        await _reap(proc)
-        raise
-    return proc, f"http://127.0.0.1:{port}", log
-
-
-async def _reap(proc: trio.Process) -> None:
-    if proc.returncode is None:
-        proc.kill()
-    with trio.CancelScope(shield=True):
-        await proc.wait()
-        if proc.stderr is not None:
-            await proc.stderr.aclose()
-
-
 async def _drain_log(proc: trio.Process, log: bytearray) -> None:
     assert proc.stderr is not None
     while chunk := await proc.stderr.receive_some():
@@ -105,11 +69,11 @@ async def _drain_log(proc: trio.Process, log: bytearray) -> None:
 
 async def test_sigterm_lets_in_flight_requests_finish_then_exits_0(fd_baseline: int) -> None:
     async with open_sim(decode_ms_per_token=20) as engine:
-        proc, url, log = await _start_gateway(engine.url, "--shutdown-grace", "30")
+        proc, url, log = await start_serve(engine.url, "--shutdown-grace", "30")
         try:
             await _sigterm_case(engine, proc, url, log)
         finally:
-            await _reap(proc)
+            await reap(proc)
 
 
 async def _sigterm_case(engine: Any, proc: trio.Process, url: str, log: bytearray) -> None:
@@ -140,11 +104,11 @@ async def _sigterm_case(engine: Any, proc: trio.Process, url: str, log: bytearra
 
 async def test_shutdown_grace_expiry_closes_the_rest_and_aborts_upstream(fd_baseline: int) -> None:
     async with open_sim(decode_ms_per_token=50) as engine:
-        proc, url, log = await _start_gateway(engine.url, "--shutdown-grace", "0.3")
+        proc, url, log = await start_serve(engine.url, "--shutdown-grace", "0.3")
         try:
             await _grace_case(engine, proc, url, log)
         finally:
-            await _reap(proc)
+            await reap(proc)
 
 
 async def _grace_case(engine: Any, proc: trio.Process, url: str, log: bytearray) -> None:

@@ -4,6 +4,7 @@ messages' tokens, asserted on the engine's own record of what it got and sampled
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -73,6 +74,12 @@ TOOLS = [
 ]
 
 
+def _script(turn: int) -> str:
+    """What the model 'says' on an even turn: words, then a call (the hermes format)."""
+    args = json.dumps({"path": f"tests/test_{turn}.py"})
+    return f'Running them.<tool_call>\n{{"name": "run_tests", "arguments": {args}}}\n</tool_call>'
+
+
 async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(
     gateway: Gateway, engine: Any
 ) -> None:
@@ -95,33 +102,48 @@ async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(
                     assert (
                         await admin.post("/admin/resume", json={"weight_version": "v2"})
                     ).status_code == 200
+                if turn % 2 == 0:  # the model calls the tool (the sim says what it is told)
+                    engine.replies.append(_script(turn))
                 answer = await sdk.chat.completions.create(
-                    model="sim-base", messages=messages, tools=TOOLS, max_tokens=4 + turn,
+                    model="sim-base", messages=messages, tools=TOOLS,
+                    max_tokens=4 + turn if turn % 2 else 200,
                     logprobs=True, extra_body={"return_token_ids": True},
                 )  # fmt: skip
                 answers.append(answer)
-                messages.append(answer.choices[0].message.model_dump())  # as harnesses do
-                if turn % 2 == 0:
+                message = answer.choices[0].message
+                messages.append(message.model_dump())  # as harnesses do
+                for call in message.tool_calls or []:  # the harness runs the tool it was asked
+                    path = json.loads(call.function.arguments)["path"]
                     messages.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": f"call-{turn}",
-                            "content": f"{turn} failed",
-                        }
+                        {"role": "tool", "tool_call_id": call.id, "content": f"{path} failed"}
                     )
-                else:
+                if not message.tool_calls:
                     messages.append({"role": "user", "content": "try again"})
         trajectory = (await admin.get("/v1/sessions/agent-7")).json()
     prompts, sampled = list(engine.stats.prompts), list(engine.stats.sampled)
     assert len(prompts) == len(sampled) == 10  # one engine generation a turn, nothing retried
+    lengths = [len(_script(k)) if k % 2 == 0 else 4 + k for k in range(10)]
     turns = trajectory["turns"]
     for k, turn in enumerate(turns):
+        choice = answers[k].choices[0]
+        if k % 2 == 0:  # the call, parsed as the engine's chat route would
+            (call,) = choice.message.tool_calls
+            assert call.type == "function" and call.function.name == "run_tests"
+            assert json.loads(call.function.arguments) == {"path": f"tests/test_{k}.py"}
+            assert (
+                choice.message.content == "Running them." and choice.finish_reason == "tool_calls"
+            )
+            assert turn["token_ids"] == tokenize(
+                _script(k)
+            )  # the text the model sampled, all of it
+        else:
+            assert choice.message.tool_calls is None and choice.finish_reason == "length"
         # The engine's own record: what it was prompted with and what it sampled.
         assert turn["prompt_token_ids"] == prompts[k]
         assert [turn["token_ids"]] == sampled[k]
-        assert turn["token_ids"] == answers[k].choices[0].model_extra["token_ids"]
-        assert len(turn["token_ids"]) == 4 + k and not turn["branch"]
-        lps = [e.logprob for e in answers[k].choices[0].logprobs.content]
+        assert turn["token_ids"] == choice.model_extra["token_ids"]
+        assert len(turn["token_ids"]) == lengths[k] and not turn["branch"]
+        lps = [e.logprob for e in choice.logprobs.content]
         assert turn["logprobs"] == pytest.approx(lps)
         if k:
             assert (
@@ -129,15 +151,15 @@ async def test_ten_turn_openai_sdk_agent_loop_with_tools_and_a_weight_update(
                 == prompts[k - 1] + sampled[k - 1][0]
             )
         version = "v1" if k < 5 else "v2"
-        assert turn["weight_versions"] == [{"version": version, "start": 0, "end": 4 + k}]
+        assert turn["weight_versions"] == [{"version": version, "start": 0, "end": lengths[k]}]
     (sequence,) = trajectory["sequences"]
     assert sequence["token_ids"] == prompts[9] + sampled[9][0]
     mask = sequence["loss_mask"]
-    assert sum(mask) == sum(4 + k for k in range(10))
+    assert sum(mask) == sum(lengths)
     for k in range(10):  # the model's tokens, exactly where each turn put them
         start = len(prompts[k])
-        assert mask[start : start + 4 + k] == [1] * (4 + k)
-        assert sequence["token_ids"][start : start + 4 + k] == sampled[k][0]
+        assert mask[start : start + lengths[k]] == [1] * lengths[k]
+        assert sequence["token_ids"][start : start + lengths[k]] == sampled[k][0]
     assert (
         engine.stats.by_path["/tokenize"] >= 10
         and engine.stats.by_path["/v1/chat/completions"] == 0

@@ -74,9 +74,9 @@ async def test_untokenizable_and_unservable_turns_lose_nothing(
         none_left = await client.get("/v1/sessions/s2")
         one = (await client.post("/v1/chat/completions", json=_turn(messages), headers=head)).json()
         messages.append(one["choices"][0]["message"])
-        streamed = await client.post(
+        forced = await client.post(
             "/v1/chat/completions",
-            json=_turn([*messages, {"role": "user", "content": "x"}], stream=True),
+            json=_turn([*messages, {"role": "user", "content": "x"}], tool_choice="required"),
             headers=head,
         )
         two_n = await client.post(
@@ -100,7 +100,7 @@ async def test_untokenizable_and_unservable_turns_lose_nothing(
     assert "/tokenize answered 400" in never.json()["error"]["message"]
     assert none_left.status_code == 404  # a first turn that failed leaves no session
     # Not session turns: forwarded to the engine's chat route as before, not recorded.
-    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert forced.status_code == 200 and "session" not in forced.json()
     assert two_n.status_code == 200 and len(two_n.json()["choices"]) == 2
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "render_failed"
     # The refused turns changed nothing: the next one extends turn 0.

@@ -21,6 +21,11 @@ async def test_embedded_turns_give_numpy_sequences_with_the_loss_mask(fd_baselin
         one = await sessions.chat("ep", messages, model="sim-base", max_tokens=5)
         messages += [one["choices"][0]["message"], {"role": "user", "content": "on"}]
         await sessions.chat("ep", messages, model="sim-base", max_tokens=3)
+        try:  # embedded turns are whole answers (a stream is the gateway's)
+            await sessions.chat("ep", messages, model="sim-base", max_tokens=3, stream=True)
+            raise AssertionError("a streamed chat is refused")
+        except SessionError as refused:
+            assert refused.status == 400 and refused.code == "unsupported_in_session"
         sessions.reward("ep", 2.0)
         (seq,) = sessions.arrays("ep")
         prompts, sampled = list(engine.stats.prompts), list(engine.stats.sampled)

@@ -56,6 +56,7 @@ _METAVARS = {
     "service_name": "NAME",
     "tenants": "NAME:keys=K1|K2,weight=W,priority=P,max_outstanding=N;...",
     "default_tenant": "NAME",
+    "session_tool_parser": "PARSER",
 }
 
 

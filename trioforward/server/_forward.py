@@ -76,7 +76,7 @@ def _start(call: Call) -> Awaitable[None]:
         "weight_policy": weight_policy(call.headers),
     }
     if forward["session"] is not None and call.path == "/v1/chat/completions" and _in_session(call):
-        return session_turn(call, forward)  # an agent session's turn: docs/sessions.md
+        return session_turn(call, forward, _relay_stream)  # agent sessions: docs/sessions.md
     if not call.data.get("model"):
         return _without_model(call, forward)
     if call.data.get("stream"):

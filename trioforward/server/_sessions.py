@@ -15,6 +15,7 @@ session answers 404 as an unknown one does. Errors are OpenAI-style JSON.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -30,14 +31,17 @@ from trioforward.server._errors import dispatch_error_body, dispatch_error_heade
 from trioforward.server._state import GatewayState, get_state
 from trioforward.sessions import LocalRenderer, SessionError, Sessions
 
-__all__ = ["session_turn", "install_session_routes", "sessions_of"]
+__all__ = ["session_turn", "install_session_routes", "sessions_of", "Relay"]
+
+# The chat route's stream relay: (state, path, call, send, log, transform) -> None.
+Relay = Callable[..., Awaitable[None]]
 
 _KEY = "sessions"
 
 
 def sessions_of(state: GatewayState) -> Sessions:
     """The gateway's :class:`Sessions`, made on first use from the settings
-    (``max_sessions``, ``session_ttl``, ``session_tokenizer``)."""
+    (``max_sessions``, ``session_ttl``, ``session_tokenizer``, ``session_tool_parser``)."""
     sessions: Sessions | None = state.extras.get(_KEY)
     if sessions is None:
         settings = state.settings
@@ -52,6 +56,7 @@ def sessions_of(state: GatewayState) -> Sessions:
             max_sessions=settings.max_sessions,
             ttl=settings.session_ttl,
             shared=shared,
+            tool_parser=settings.session_tool_parser,
         )
         state.extras[_KEY] = sessions
     return sessions
@@ -61,9 +66,10 @@ def _error(err: SessionError) -> bytes:
     return orjson.dumps(err.to_json())
 
 
-async def session_turn(call: Call, forward: dict[str, Any]) -> None:
+async def session_turn(call: Call, forward: dict[str, Any], relay: Relay) -> None:
     """Answer a chat turn of session ``forward["session"]``; ``forward``: the chat
-    route's keyword arguments for the dispatch client."""
+    route's keyword arguments for the dispatch client; ``relay``: the chat
+    route's stream relay (``_forward.relay_stream``), for a streamed turn."""
     log, send = call.log, call.send
     id_header = (b"x-request-id", (log.request_id or "").encode())
     session_id = forward["session"]
@@ -72,6 +78,9 @@ async def session_turn(call: Call, forward: dict[str, Any]) -> None:
         log.status = 400
         err = SessionError(400, f"X-Session-Id {reason}", "invalid_session_id")
         await respond(send, 400, _error(err), extra=(id_header,))
+        return
+    if call.data.get("stream"):
+        await _streamed_turn(call, forward, relay)
         return
     kwargs = {k: forward[k] for k in ("headers", "on_dispatch", "span", "request_id", "group")}
     try:
@@ -103,6 +112,31 @@ async def session_turn(call: Call, forward: dict[str, Any]) -> None:
     await respond(
         send, response.status, response.content if content is None else content, extra=extra
     )
+
+
+async def _streamed_turn(call: Call, forward: dict[str, Any], relay: Relay) -> None:
+    """A streamed turn (docs/sessions.md, "Streamed turns"): the engine's
+    completion stream relayed as chat chunks by the chat route's own relay."""
+    log = call.log
+    relayed = False
+    try:
+        async with sessions_of(call.state).streamed(
+            forward["session"], call.data, tenant=call.tenant, request_id=log.request_id or ""
+        ) as turn:
+            stream = {k: v for k, v in forward.items() if k not in ("json", "content")}
+            stream["json"] = turn.completion
+            relayed = True
+            await relay(call.state, "/v1/completions", stream, call.send, log, turn.events)
+            turn.engine, turn.queue_time = log.engine or "", log.queue_time
+            turn.version = log.version
+    except SessionError as err:
+        log.error = err.code
+        if relayed:  # the stream went out; the turn is not recorded
+            return
+        log.status = err.status
+        log.complete = True
+        id_header = (b"x-request-id", (log.request_id or "").encode())
+        await respond(call.send, err.status, _error(err), extra=(id_header,))
 
 
 def _tenant(state: GatewayState) -> Any:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from trioforward.sessions._render import EngineRenderer, LocalRenderer, Renderer
 from trioforward.sessions._sessions import Sessions
 from trioforward.sessions._store import Session, SessionError, SessionStore, Turn
+from trioforward.sessions._stream import StreamedTurn
+from trioforward.sessions._tools import TOOL_PARSERS
 from trioforward.sessions._turn import session_servable
 
 __all__ = [
@@ -26,4 +28,6 @@ __all__ = [
     "EngineRenderer",
     "LocalRenderer",
     "session_servable",
+    "StreamedTurn",
+    "TOOL_PARSERS",
 ]

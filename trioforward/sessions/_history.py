@@ -2,8 +2,8 @@
 adds (docs/sessions.md, "How a turn is built").
 
 A turn *extends* the session when its messages are the previous turn's
-messages, then an assistant message equal to what was sampled (same
-``content``, no ``tool_calls`` the engine did not produce), then new messages.
+messages, then an assistant message equal to what the gateway answered (same
+``content`` and ``tool_calls``: :func:`~._tools.same_tool_calls`), then new messages.
 Its prompt is then::
 
     previous prompt + sampled ids + close + new
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from trioforward.sessions._store import Session
+from trioforward.sessions._tools import same_tool_calls
 
 __all__ = ["Rendered", "turn_prompt", "extends"]
 
@@ -56,11 +57,11 @@ def _plain(m: Any) -> Any:
     return {k: v for k, v in m.items() if v is not None} if isinstance(m, dict) else m
 
 
-def _same_assistant(sent: Any, sampled: dict[str, Any]) -> bool:
+def _same_assistant(sent: Any, answered: dict[str, Any]) -> bool:
     if not isinstance(sent, dict) or sent.get("role") != "assistant":
         return False
-    return (sent.get("content") or "") == (sampled.get("content") or "") and not sent.get(
-        "tool_calls"
+    return (sent.get("content") or "") == (answered.get("content") or "") and same_tool_calls(
+        sent.get("tool_calls"), answered.get("tool_calls")
     )
 
 

@@ -76,15 +76,10 @@ class EngineRenderer:
         self.model = model
 
     async def chat_ids(
-        self,
-        messages: list[dict[str, Any]],
-        tools: Any,
-        add_generation_prompt: bool,
-        *,
-        model: str | None = None,
-        tenant: Any = None,
-        session: str | None = None,
+        self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool, **turn: Any
     ) -> list[int]:
+        """:meth:`Renderer.chat_ids`; ``turn``: its ``model``, ``tenant``, ``session``."""
+        model, tenant, session = turn.get("model"), turn.get("tenant"), turn.get("session")
         body: dict[str, Any] = {
             "messages": messages,
             "add_generation_prompt": add_generation_prompt,
@@ -180,15 +175,10 @@ class LocalRenderer:
             raise _refused(f"the chat template failed: {type(exc).__name__}: {exc}") from None
 
     async def chat_ids(
-        self,
-        messages: list[dict[str, Any]],
-        tools: Any,
-        add_generation_prompt: bool,
-        *,
-        model: str | None = None,
-        tenant: Any = None,
-        session: str | None = None,
+        self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool, **turn: Any
     ) -> list[int]:
+        """:meth:`Renderer.chat_ids` (the turn's ``model``, ``tenant``, ``session``
+        change nothing here)."""
         text = self.render_text(messages, tools, add_generation_prompt)
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
         return ids

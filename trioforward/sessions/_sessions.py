@@ -16,16 +16,27 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import trio
 
-from trioforward.sessions._history import turn_prompt
+from trioforward.sessions._history import Rendered, turn_prompt
 from trioforward.sessions._render import EngineRenderer, Renderer
 from trioforward.sessions._shared import SharedState, claimed, load, save, state_key
-from trioforward.sessions._store import Session, SessionError, SessionStore
+from trioforward.sessions._store import Session, SessionError, SessionStore, Turn
+from trioforward.sessions._stream import StreamedTurn
+from trioforward.sessions._tools import TOOL_PARSERS
 from trioforward.sessions._trajectory import sequence_arrays, trajectory_json
-from trioforward.sessions._turn import chat_answer, check_body, completion_body, record_turn
+from trioforward.sessions._turn import (
+    answer_message,
+    chat_answer,
+    check_body,
+    completion_body,
+    record_turn,
+)
 
 if TYPE_CHECKING:
     from trioforward.dispatch import Client, ForwardResponse
@@ -40,7 +51,10 @@ class Sessions:
     the engine's ``/tokenize``); ``max_sessions``, ``ttl`` (s): the store's bounds
     (docs/sessions.md, "Lifetime and memory"); ``shared``: a fleet's state
     store, which then holds every session instead of this process (docs/sessions.md,
-    "Fleet mode"; the async methods read it, the others this process's store).
+    "Fleet mode"; the async methods read it, the others this process's store);
+    ``tool_parser``: how tool calls in an answer are parsed (docs/sessions.md,
+    "Tool calls": ``"hermes"``, ``"qwen3_json"`` or ``"none"``; raises
+    ``ValueError`` for another).
     ``tenant`` arguments take a
     tenant name, a ``Tenant`` or ``None`` (the client's default tenant); a
     session belongs to the tenant that started it and no other sees it.
@@ -54,7 +68,13 @@ class Sessions:
         max_sessions: int = 100_000,
         ttl: float = 3600.0,
         shared: SharedState | None = None,
+        tool_parser: str = "hermes",
     ) -> None:
+        if tool_parser not in TOOL_PARSERS:
+            raise ValueError(
+                f"tool_parser must be one of {', '.join(TOOL_PARSERS)} (got {tool_parser!r})"
+            )
+        self.tool_parser = tool_parser
         self.client = client
         self.renderer: Renderer = renderer or EngineRenderer(client)
         self.store = SessionStore(max_sessions, ttl)
@@ -65,27 +85,24 @@ class Sessions:
             return str(self.client.tenants.default.name)
         return tenant if isinstance(tenant, str) else str(tenant.name)
 
-    async def turn(
-        self, session_id: str, body: dict[str, Any], *, tenant: Any = None, **forward: Any
-    ) -> tuple[ForwardResponse, bytes | None]:
-        """Serve one chat turn ``body`` (a ``/v1/chat/completions`` body) of the
-        session: returns the engine's response and the chat answer bytes
-        (``None`` when the engine refused: its status and body go back as they
-        are, and the session is unchanged). ``forward``: more keyword arguments
-        of ``Client.request`` (``request_id``, ``group``, ``on_dispatch``, ``span``).
-        Raises :class:`SessionError` (400 bad body or unrenderable history, 409 a
-        turn of the session is running, 429 store full, 502 no token ids) and
-        the dispatch core's errors."""
-        messages, tools = check_body(body)
-        name = self._tenant(tenant)
+    @asynccontextmanager
+    async def _held(self, tenant: str, session_id: str) -> AsyncIterator[Session]:
+        """The session, held for one turn: claimed in the fleet's store (written back
+        when the turn added to it) or marked busy in this process's (a first turn
+        that added nothing leaves no session). Raises :class:`SessionError` 409
+        (a turn of it runs), 429 (store full), 503 (fleet store unreachable)."""
         if self.shared is not None:
-            async with claimed(self.shared, name, session_id, create=True, now=time.time()) as held:
-                response, content = await self._run(held, body, messages, tools, tenant, forward)
-                if content is not None:
+            async with claimed(
+                self.shared, tenant, session_id, create=True, now=time.time()
+            ) as held:
+                count = len(held.turns)
+                yield held
+                if len(held.turns) != count:
                     held.last_used = time.time()
-                    await save(self.shared, held, self.store.ttl)
-                return response, content
-        session = self.store.open(name, session_id)
+                    with trio.CancelScope(shield=True):  # the turn is done: keep it
+                        await save(self.shared, held, self.store.ttl)
+            return
+        session = self.store.open(tenant, session_id)
         if session.busy:
             raise SessionError(
                 409,
@@ -94,56 +111,115 @@ class Sessions:
             )
         session.busy = True
         try:
-            return await self._run(session, body, messages, tools, tenant, forward)
+            yield session
         finally:
             session.busy = False
             session.last_used = time.time()
             if not session.turns:  # a first turn that failed leaves nothing behind
-                self.store.discard(name, session_id)
+                self.store.discard(tenant, session_id)
 
-    async def _run(
-        self,
-        session: Session,
-        body: dict[str, Any],
-        messages: list[dict[str, Any]],
-        tools: Any,
-        tenant: Any,
-        forward: dict[str, Any],
-    ) -> tuple[ForwardResponse, bytes | None]:
-        session_id = session.id
+    async def _prompt(self, session: Session, body: dict[str, Any], tenant: Any) -> Rendered:
+        """The turn's prompt (docs/sessions.md, "How a turn is built")."""
+        messages, tools = check_body(body)
         model = body.get("model")
 
         async def render(msgs: list[dict[str, Any]], generation: bool) -> list[int]:
             return await self.renderer.chat_ids(
-                msgs, tools, generation, model=model, tenant=tenant, session=session_id
+                msgs, tools, generation, model=model, tenant=tenant, session=session.id
             )
 
-        rendered = await turn_prompt(session, messages, tools, render)
-        started = time.time()
-        response = await self.client.request(
-            "POST", "/v1/completions", json=completion_body(body, rendered.ids),
-            session=session_id, tenant=tenant, **forward,
-        )  # fmt: skip
-        if response.status != 200:
-            return response, None
-        try:
-            answer = orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            answer = {}
-        turn, choice = record_turn(
-            answer, rendered, started, response.engine, response.weight_version
-        )
-        turn.queue_time, turn.engine_time = response.queue_time, response.engine_time
+        return await turn_prompt(session, messages, tools, render)
+
+    def _commit(
+        self,
+        session: Session,
+        body: dict[str, Any],
+        turn: Turn,
+        text: str,
+        parsed: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Add ``turn`` (the engine sampled ``text``) to the session; returns the
+        chat answer's message (``parsed``: already made, as :func:`answer_message`
+        gives it)."""
+        message, kept = parsed or answer_message(text, body, self.tool_parser)
         session.turns.append(turn)
-        session.messages = [
-            *messages,
-            {"role": "assistant", "content": choice.get("text") or ""},
-        ]
-        session.tools = tools
-        index = len(session.turns) - 1
-        return response, chat_answer(
-            body, answer, choice, turn, session_id, index, response.request_id
-        )
+        session.messages = [*body["messages"], kept]
+        session.tools = body.get("tools")
+        return message
+
+    async def turn(
+        self, session_id: str, body: dict[str, Any], *, tenant: Any = None, **forward: Any
+    ) -> tuple[ForwardResponse, bytes | None]:
+        """Serve one chat turn ``body`` (a ``/v1/chat/completions`` body, not
+        streamed) of the session: returns the engine's response and the chat
+        answer bytes (``None`` when the engine refused: its status and body go
+        back as they are, and the session is unchanged). ``forward``: more
+        keyword arguments of ``Client.request`` (``request_id``, ``group``,
+        ``on_dispatch``, ``span``). Raises :class:`SessionError` (400 bad body
+        or unrenderable history, 409 a turn of the session is running, 429 store
+        full, 502 no token ids, 503 fleet store unreachable) and the dispatch
+        core's errors."""
+        check_body(body)
+        if body.get("stream"):
+            raise SessionError(
+                400,
+                'a streamed session turn goes through Sessions.streamed (docs/sessions.md, "Streamed turns")',
+                "unsupported_in_session",
+            )
+        async with self._held(self._tenant(tenant), session_id) as session:
+            rendered = await self._prompt(session, body, tenant)
+            started = time.time()
+            response = await self.client.request(
+                "POST", "/v1/completions",
+                json=completion_body(body, rendered.ids, self.tool_parser),
+                session=session_id, tenant=tenant, **forward,
+            )  # fmt: skip
+            if response.status != 200:
+                return response, None
+            try:
+                answer = orjson.loads(response.content)
+            except orjson.JSONDecodeError:
+                answer = {}
+            turn, choice = record_turn(
+                answer, rendered, started, response.engine, response.weight_version
+            )
+            message = self._commit(session, body, turn, choice.get("text") or "")
+            turn.queue_time, turn.engine_time = response.queue_time, response.engine_time
+            where = {"id": session_id, "turn": len(session.turns) - 1, "branch": turn.branch}
+            content = chat_answer(body, answer, choice, message, turn, where, response.request_id)
+            return response, content
+
+    @asynccontextmanager
+    async def streamed(
+        self, session_id: str, body: dict[str, Any], *, tenant: Any = None, request_id: str = ""
+    ) -> AsyncIterator[StreamedTurn]:
+        """One streamed chat turn (``body`` with ``stream``) of the session: yields a
+        :class:`~trioforward.sessions.StreamedTurn` whose ``completion`` body the
+        caller streams from the engine (``POST /v1/completions``), passing each run
+        of whole SSE events through its ``events`` and setting its ``engine``,
+        ``queue_time`` and ``version`` once dispatched; on exit the turn is
+        recorded when the engine's stream completed (docs/sessions.md, "Streamed
+        turns"), else the session is unchanged. Raises :class:`SessionError` as
+        :meth:`turn` (before anything is streamed; a 502/503 at the end: the
+        stream went out, the turn is not recorded)."""
+        check_body(body)
+        async with self._held(self._tenant(tenant), session_id) as session:
+            rendered = await self._prompt(session, body, tenant)
+            where = {
+                "id": session_id, "turn": len(session.turns),
+                "branch": rendered.branch_reason is not None,
+            }  # fmt: skip
+            streamed = StreamedTurn(body, rendered.ids, self.tool_parser, where, request_id)
+            streamed.completion = completion_body(body, rendered.ids, self.tool_parser)
+            streamed.started = time.time()
+            yield streamed
+            if streamed.done:
+                turn, _ = record_turn(
+                    streamed.answer(), rendered, streamed.started, streamed.engine, streamed.version
+                )
+                self._commit(session, body, turn, streamed.text, streamed.parsed)
+                turn.queue_time = streamed.queue_time
+                turn.engine_time = max(turn.finished - streamed.started - streamed.queue_time, 0.0)
 
     async def chat(
         self, session: str, messages: list[dict[str, Any]], *, tenant: Any = None, **fields: Any

@@ -28,6 +28,7 @@ from trioforward.sim._generate import (
     expected_prompt_logprobs,
     expected_top_logprobs,
     sample,
+    scripted_sample,
     tokenize,
 )
 
@@ -84,14 +85,21 @@ class Generation:
     #: ``<base>:<adapter>``, sim/_sglang_openai.py).
     echo_model: str | None = None
     cached_tokens: int | None = None
+    #: A scripted reply for choice 0 (docs/sim.md, "Scripted replies"), else None.
+    script: str | None = None
 
     def samples(self) -> list[Sample]:
         """Every choice's :class:`Sample`, in choice-index order."""
-        return [
+        out = [
             sample(self.model, p, self.seed, i, self.max_tokens, self.stop_token_ids, self.stop)
             for p in self.prompts
             for i in range(self.n)
         ]
+        if self.script is not None:
+            out[0] = scripted_sample(
+                self.model, self.prompts[0], self.seed, self.script, self.max_tokens
+            )
+        return out
 
 
 def _int(body: dict[str, Any], key: str, default: int | None, lo: int, hi: int) -> int | None:

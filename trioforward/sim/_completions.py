@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections import deque
 
 import orjson
 import trio
@@ -44,6 +45,7 @@ class OpenAIGeneration(TimingModel):
     adapters: Adapters
     _nursery: trio.Nursery
     _ids: itertools.count[int]
+    replies: deque[str]
 
     async def _generation(
         self, ex: Exchange, chat: bool, body: bytes, request_id: str | None
@@ -57,6 +59,8 @@ class OpenAIGeneration(TimingModel):
             if self.kind == "sglang":
                 return await ex.respond(exc.status, _JSON, sglang_error(exc.status, exc.message))
             return await ex.respond(exc.status, _JSON, exc.body())
+        if self.replies:
+            gen.script = self.replies.popleft()
         stats.by_model[gen.model] += 1
         stats.prompts.append(gen.prompts[0])
         if gen.seed is not None:

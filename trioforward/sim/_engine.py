@@ -35,6 +35,7 @@ import logging
 import math
 import socket
 import time
+from collections import deque
 from collections.abc import Collection, Mapping
 
 import orjson
@@ -131,6 +132,8 @@ class SimEngine(OpenAIGeneration):
         self.backlog = backlog
         self.max_model_len = max_model_len
         self.stats = EngineStats()
+        # Scripted replies, one per next OpenAI generation (docs/sim.md, "Scripted replies").
+        self.replies: deque[str] = deque()
         self.created = time.time()  # Unix time, vLLM's *_created gauges on /metrics
         if isinstance(profile, str):
             if profile not in PROFILES:

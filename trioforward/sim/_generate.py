@@ -29,6 +29,7 @@ __all__ = [
     "render_token",
     "render_text",
     "sample",
+    "scripted_sample",
     "expected_completion",
     "expected_tokens",
     "expected_prompt_logprobs",
@@ -55,6 +56,8 @@ class Sample(NamedTuple):
     finish_reason: str
     stop_reason: int | str | None
     text: str
+    #: A scripted reply (:func:`scripted_sample`): one character of ``text`` a token.
+    scripted: bool = False
 
 
 def tokenize(text: str) -> list[int]:
@@ -126,6 +129,23 @@ def sample(
     if finish == "stop":
         return Sample(tokens, logprobs, finish, reason, render_text(tokens[:-1]))
     return Sample(tokens, logprobs, finish, reason, render_text(tokens))
+
+
+def scripted_sample(
+    model: str, prompt: Sequence[int], seed: int | None, text: str, max_tokens: int
+) -> Sample:
+    """A scripted reply (docs/sim.md, "Scripted replies"): ``text`` (ASCII) as its
+    byte ids (:func:`tokenize`), cut after ``max_tokens`` (``"length"``, else
+    ``"stop"`` with no stop token, the sim having no end-of-sequence token);
+    logprobs drawn as :func:`sample` draws them. Raises ``ValueError`` for a
+    non-ASCII ``text``."""
+    if not text.isascii():
+        raise ValueError(f"a scripted reply is ASCII text (got {text!r})")
+    ids = tokenize(text)[:max_tokens]
+    base = _seed(model, seed, 0, prompt=prompt)
+    lps = [-(_mix((base + (i + 1) * _GOLDEN) & _M64) >> 40) / _LP_SCALE for i in range(len(ids))]
+    finish = "stop" if len(ids) == len(text) else "length"
+    return Sample(ids, lps, finish, None, text[: len(ids)], scripted=True)
 
 
 def expected_completion(

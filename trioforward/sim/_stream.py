@@ -80,7 +80,7 @@ def stream_steps(gen: Generation, samples: list[Sample], rid: str, created: int)
                 continue
             last = step >= len(s.tokens) - 1
             tok = s.tokens[step : step + 1]
-            rendered[index] += sum(len(f" t{t}") for t in tok)
+            rendered[index] += sum(1 if s.scripted else len(f" t{t}") for t in tok)
             # Always a prefix of the final text: a stop token or stop string is
             # never sent (vLLM holds back text that may become a stop string).
             text = s.text[offsets[index] : rendered[index]]
