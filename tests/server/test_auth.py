@@ -70,3 +70,29 @@ async def test_an_unknown_caller_gets_401_before_405(engine: Any) -> None:
             keyed = await client.get("/v1/completions", headers={"Authorization": "Bearer k1"})
     assert fast_path.status_code == 401
     assert keyed.status_code == 405 and keyed.headers["allow"] == "POST"
+
+
+def test_every_engine_control_route_takes_the_admin_token() -> None:
+    # The front's auth check lists the engines' control paths itself (it may not
+    # import the route packages above it): one added to engine_api/ but not
+    # there would be open to anyone.
+    from quart_trio import QuartTrio
+
+    from trioforward import Settings
+    from trioforward.dispatch import TenantTable
+    from trioforward.server._auth import check_auth
+    from trioforward.server._errors import RequestError
+    from trioforward.server.engine_api import install_engine_routes
+
+    app = QuartTrio(__name__)
+    install_engine_routes(app)
+    paths = {rule.rule for rule in app.url_map.iter_rules() if rule.endpoint != "static"}
+    settings = Settings(admin_token="s3cret")
+    tenants = TenantTable(settings)
+    refused = []
+    for path in sorted(paths):
+        try:
+            check_auth(settings, path, lambda name: None, tenants)
+        except RequestError as err:
+            refused.append((path, err.status))
+    assert len(paths) >= 15 and refused == [(path, 401) for path in sorted(paths)]

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from trioforward import Settings
 from trioforward.dispatch import Tenant, TenantTable
 from trioforward.server._errors import RequestError
-from trioforward.server.engine_api._routes import ENGINE_ROUTES
 
 __all__ = ["check_auth"]
 
@@ -53,8 +52,19 @@ _TOKEN_ROUTES = frozenset(
     {"/generate", "/inference/v1/generate", "/abort_request", "/inference/v1/abort_requests", "/finish_session"}
 )
 
-# _router_compat's worker routes and the engines' own control routes (engine_api/).
-_ADMIN_PATHS = frozenset({"/add_worker", "/remove_worker"}) | ENGINE_ROUTES
+# _router_compat's worker routes and the engines' own control routes (engine_api/,
+# docs/server.md, "The engines' own control routes"). Listed here, not imported, so
+# the front needs nothing from the route packages above it (docs/architecture.md,
+# "Packages"); tests/server/test_auth.py fails on an engine route missing here.
+_ADMIN_PATHS = frozenset(
+    {
+        "/add_worker", "/remove_worker",
+        "/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache",
+        "/model_info", "/get_model_info", "/pause", "/resume", "/is_paused", "/weight_info",
+        "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+        "/finish_weight_update", "/reset_prefix_cache",
+    }
+)  # fmt: skip
 
 
 def check_auth(

@@ -9,6 +9,6 @@ and weight pushes fan out inside the pause with per-engine results and
 rollback (``_push.py``). ``_routes.py`` holds the views.
 """
 
-from trioforward.server.engine_api._routes import ENGINE_ROUTES, install_engine_routes
+from trioforward.server.engine_api._routes import install_engine_routes
 
-__all__ = ["ENGINE_ROUTES", "install_engine_routes"]
+__all__ = ["install_engine_routes"]

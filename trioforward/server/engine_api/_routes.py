@@ -56,7 +56,7 @@ from trioforward.server.engine_api._push import (
     push,
 )
 
-__all__ = ["install_engine_routes", "ENGINE_ROUTES"]
+__all__ = ["install_engine_routes"]
 
 # SGLang's pause modes -> the gateway's (engine mode, replay).
 _SGLANG_MODES: dict[str, tuple[str, bool | str]] = {"abort": ("abort", "continue"), "retract": ("retract", False), "in_place": ("keep", False)}
@@ -76,14 +76,6 @@ _VLLM_PUSH = {
     "/finish_weight_update": ("weight_version",),
     "/reset_prefix_cache": (),
 }
-#: Every path served here (docs/server.md; the auth check takes the admin token on them).
-ENGINE_ROUTES = frozenset(
-    {
-        "/pause_generation", "/continue_generation", "/update_weights_from_disk", "/flush_cache",
-        "/model_info", "/get_model_info", "/pause", "/resume", "/is_paused", "/weight_info",
-        *_VLLM_PUSH,
-    }
-)  # fmt: skip
 
 
 async def _body(*fields: str) -> dict[str, Any]:
