@@ -5,6 +5,10 @@
 while it serves; the routes keep their state (future store, sample runner,
 sampling sessions) in ``GatewayState.extras["tinker"]``, created on the first request.
 See docs/tinker.md for what the SDK needs and how this gateway answers.
+
+May import :mod:`trioforward.server.base`, ``telemetry`` and ``front`` (the ASGI
+front's route types); never ``admin``, ``engine_api``, ``proxy`` or ``app``
+(tests/test_layers.py, docs/architecture.md, "Packages").
 """
 
 from __future__ import annotations
