@@ -319,7 +319,7 @@ def measure_vllm(repeats: int) -> dict[str, Any]:
 
 def predict(params: dict[str, float], measured: dict[str, Any]) -> dict[str, Any]:
     from trioforward.sim import open_engine
-    from trioforward.sim._physics import EngineProfile
+    from trioforward.sim.physics._physics import EngineProfile
 
     profile = EngineProfile("fitted", max_num_batched_tokens=MAX_BATCHED, block_size=BLOCK, **params)
 

@@ -196,7 +196,7 @@ async def _aiohttp(url: str, n: int, total: int, max_seconds: float) -> dict[str
 GC_MODES: dict[str, tuple[int, int, int] | None] = {
     # CPython's defaults: (700, 10, 10).
     "default": None,
-    # What `trioforward serve` sets at start-up (trioforward/server/_serve.py,
+    # What `trioforward serve` sets at start-up (trioforward/server/app/_serve.py,
     # tune_gc: gc.freeze() then these thresholds). With thousands of requests in
     # flight, every object a request keeps across an await survives the
     # 700-allocation young collections and is promoted, so under CPython's

@@ -163,7 +163,7 @@ def classify(stack: list[str]) -> tuple[str, str]:
         path = frame[frame.rfind("(") + 1:]
         if "/trioforward/" in path or "/hypercorn/" in path:
             innermost = path
-            if "/server/_forward.py" in path or "/server/_asgi.py" in path:
+            if "/server/proxy/_forward.py" in path or "/server/front/_asgi.py" in path:
                 under_send = frame.startswith(("respond ", "_relay_stream "))
     layer = "other"
     if innermost is None:  # the run loop itself, trio's own code in a task, or a truncated sample
@@ -172,13 +172,13 @@ def classify(stack: list[str]) -> tuple[str, str]:
         layer = "pool"
     elif "/trioforward/dispatch/" in innermost:
         layer = "dispatch"
-    elif "/server/_validate.py" in innermost or "/server/_auth.py" in innermost:
+    elif "/server/base/_validate.py" in innermost or "/server/front/_auth.py" in innermost:
         layer = "validation/JSON"
     elif any(f"/server/{m}.py" in innermost for m in ("_forward", "_asgi", "_outcome", "_metrics", "_gc")):
         layer = "forwarder"
     elif "/hypercorn/" in innermost or any(
-        m in innermost for m in ("/server/_worker.py", "/server/_tcpserver.py", "/server/_appchannel.py",
-                                 "/server/_leanstream.py", "/server/_h11front.py",
+        m in innermost for m in ("/server/front/_worker.py", "/server/front/_tcpserver.py", "/server/front/_appchannel.py",
+                                 "/server/front/_leanstream.py", "/server/front/_h11front.py",
                                  "/trioforward/_listener.py")
     ):
         layer = "response write" if under_send else "front server"

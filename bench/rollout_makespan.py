@@ -84,7 +84,7 @@ def _bound(work: rollout.Workload, args: Any) -> dict[str, float]:
     if args.profile == "flat":
         return rollout.lower_bound(work, rollout.FlatTiming(args.prefill_ms, args.decode_ms, args.slots),
                                    args.engines)
-    from trioforward.sim._physics import PROFILES
+    from trioforward.sim.physics._physics import PROFILES
 
     return rollout.model_lower_bound(work, PROFILES[args.profile], args.engines, args.slots,
                                      args.kv_cache_tokens, args.time_scale)
@@ -96,7 +96,7 @@ def _engine_doc(args: Any) -> dict[str, Any]:
         return doc | {"decode_ms": args.decode_ms, "prefill_ms_per_token": args.prefill_ms,
                       "prefix_cache_tokens": args.cache_tokens,
                       "model": "flat: a decode step costs decode_ms whatever the batch"}
-    from trioforward.sim._physics import PROFILES
+    from trioforward.sim.physics._physics import PROFILES
 
     profile = PROFILES[args.profile]
     return doc | {"kv_cache_tokens": args.kv_cache_tokens, "time_scale": args.time_scale,

@@ -15,8 +15,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench import profile_gateway  # noqa: E402
 from trioforward.http import _pool  # noqa: E402
-from trioforward.server import _asgi, _forward  # noqa: E402
-from trioforward.server._worker import KeepAliveTCPServer  # noqa: E402
+from trioforward.server.front import _asgi  # noqa: E402
+from trioforward.server.front._worker import KeepAliveTCPServer  # noqa: E402
+from trioforward.server.proxy import _forward  # noqa: E402
 
 PKG = ROOT / "trioforward"
 # Where the classes the profile matches on live now (a move must keep the layers right).
@@ -77,8 +78,8 @@ def test_the_functions_the_profile_matches_on_exist() -> None:
           frame("HTTPStream.app_send", f"{SITE}/hypercorn/protocol/http_stream.py", 180),
           frame("Connection.send", f"{SITE}/h11/_connection.py", 500)],
          ("response write", "h11 serialize")),
-        ([RUN, frame("Front.__call__", PKG / "server/_asgi.py", 100),
-          frame("parse_body", PKG / "server/_validate.py", 40)],
+        ([RUN, frame("Front.__call__", PKG / "server/front/_asgi.py", 100),
+          frame("parse_body", PKG / "server/base/_validate.py", 40)],
          ("validation/JSON", "")),
         ([RUN, frame("Instruments.call", f"{SITE}/trio/_core/_instrumentation.py", 107)], ("probes", "")),
     ],

@@ -43,7 +43,7 @@ def test_lower_bound_is_the_larger_of_work_and_longest_chain() -> None:
 
 
 def test_model_bound_adds_up_the_engine_models_step_costs() -> None:
-    from trioforward.sim._physics import EngineProfile
+    from trioforward.sim.physics._physics import EngineProfile
 
     profile = EngineProfile("t", step_s=1.0, seq_s=0.1, kv_token_s=0.001, prefill_token_s=0.01,
                             max_num_batched_tokens=100)
@@ -91,7 +91,7 @@ def test_tiny_run_through_trioforward_writes_every_measure(tmp_path: Path) -> No
 def test_model_bound_counts_only_unshared_kv_against_the_budget() -> None:
     # a group's samples share their prompt in the prefix cache: only what each
     # generates is its own, so only that bounds the steps a KV budget forces
-    from trioforward.sim._physics import EngineProfile
+    from trioforward.sim.physics._physics import EngineProfile
 
     profile = EngineProfile("t", step_s=1.0, seq_s=0.0, kv_token_s=0.0, prefill_token_s=0.0)
     work = rollout.draw(5, groups=1, samples=4, sessions=0, turns=0, system_tokens=10)

@@ -18,7 +18,7 @@ COMPILED_INSTALLED = importlib.util.find_spec("h11_mypyc") is not None
 _REPORT = """
 import trioforward.server
 import trioforward.http._pool as pool, trioforward.http._stream as stream
-import trioforward.sim._http as sim, trioforward.server._tcpserver as front
+import trioforward.sim.core._http as sim, trioforward.server.front._tcpserver as front
 import hypercorn.protocol.h11 as hypercorn_h11, trioforward._h11 as choice
 print(choice.name, pool.h11.__name__, stream.h11.__name__, sim.h11.__name__,
       front.h11.__name__, hypercorn_h11.h11.__name__)

@@ -164,7 +164,7 @@ def test_max_queued_is_a_deprecated_alias_of_max_outstanding(tmp_path: Any) -> N
 def test_serve_accepts_the_deprecated_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from trioforward.server import _cli
+    from trioforward.server.app import _cli
 
     seen: list[int] = []
     load = _cli.load_settings

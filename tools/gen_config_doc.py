@@ -91,7 +91,7 @@ my-lora = "/models/loras/my-lora"
 def _serve_flags() -> dict[str, list[str]] | None:
     """Knob name -> the ``trioforward serve`` option strings, or None if it cannot be imported."""
     try:
-        from trioforward.server._cli import serve
+        from trioforward.server.app._cli import serve
     except Exception:
         return None
     flags: dict[str, list[str]] = {}

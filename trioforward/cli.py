@@ -14,8 +14,8 @@ import click
 
 # name -> (module, attribute, one-line help)
 _COMMANDS = {
-    "serve": ("trioforward.server._cli", "serve", "Run the gateway under Hypercorn."),
-    "sim-engine": ("trioforward.sim._cli", "sim_engine", "Run a simulated vLLM-compatible engine."),
+    "serve": ("trioforward.server.app._cli", "serve", "Run the gateway under Hypercorn."),
+    "sim-engine": ("trioforward.sim.engine._cli", "sim_engine", "Run a simulated vLLM-compatible engine."),
     "demo": ("trioforward._demo", "demo", "Run the gateway on a simulated fleet and drive it with real clients."),
 }
 

@@ -221,7 +221,7 @@ async def test_engine_abort_answers_without_token_ids_are_replayed_whole_logged_
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import trioforward.sim._completions as sim_engine  # where the OpenAI routes parse
+    import trioforward.sim.routes._completions as sim_engine  # where the OpenAI routes parse
 
     parse = sim_engine.parse_generation
 

@@ -33,7 +33,7 @@ def continued(
 
 def routed(path: str, body: dict[str, Any]) -> dict[str, Any]:
     """The keywords sending ``body`` as the gateway's token route does
-    (server/_native.py): to engines of the route's kind, SGLang with a fresh
+    (server/proxy/_native.py): to engines of the route's kind, SGLang with a fresh
     ``rid`` per attempt."""
     kind = "sglang" if path == SGLANG else "vllm"
     content = orjson.dumps(body)

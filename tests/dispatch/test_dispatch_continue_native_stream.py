@@ -47,7 +47,7 @@ async def serving(path: str) -> AsyncIterator[tuple[Any, Any]]:
 async def streamed(
     engine: Any, client: Any, path: str, body: dict[str, Any], steps: int = 4
 ) -> tuple[bytes, list[int]]:
-    """``body`` streamed as the gateway's token route streams it (server/_native.py),
+    """``body`` streamed as the gateway's token route streams it (server/proxy/_native.py),
     abort-updated with continue after ``steps`` decode steps: the bytes, and the
     engine's ``tokens_decoded`` as each chunk arrived."""
     await client.engines.wait_kind(engine.url)

@@ -13,7 +13,7 @@ from prometheus_client import multiprocess, values
 from prometheus_client.parser import text_string_to_metric_families
 
 from trioforward.dispatch import QUEUE_TIME_BUCKETS, TenantStatistics
-from trioforward.server._metrics import MULTIPROC_ENV, Metrics
+from trioforward.server.telemetry._metrics import MULTIPROC_ENV, Metrics
 
 ENGINE = "http://127.0.0.1:1"
 

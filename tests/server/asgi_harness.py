@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from trioforward._settings import Settings
-from trioforward.server._serve import serve
+from trioforward.server.app._serve import serve
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]

@@ -16,7 +16,7 @@ import trio.testing
 
 from trioforward._settings import Settings
 from trioforward.server import GatewayState, create_app, serve
-from trioforward.server._serve import hypercorn_config
+from trioforward.server.app._serve import hypercorn_config
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from trioforward.server._appchannel import AppChannel
+from trioforward.server.front._appchannel import AppChannel
 
 BODY = {"type": "http.request", "body": b"x", "more_body": False}
 END = {"type": "http.request", "body": b"", "more_body": False}

@@ -80,9 +80,9 @@ def test_every_engine_control_route_takes_the_admin_token() -> None:
 
     from trioforward import Settings
     from trioforward.dispatch import TenantTable
-    from trioforward.server._auth import check_auth
-    from trioforward.server._errors import RequestError
+    from trioforward.server.base._errors import RequestError
     from trioforward.server.engine_api import install_engine_routes
+    from trioforward.server.front._auth import check_auth
 
     app = QuartTrio(__name__)
     install_engine_routes(app)

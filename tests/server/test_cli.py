@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from trioforward._settings import Settings, knobs
 from trioforward.cli import main
-from trioforward.server._cli import load_settings
+from trioforward.server.app._cli import load_settings
 
 
 def test_help_documents_every_knob_with_default_and_env() -> None:
@@ -97,7 +97,7 @@ def test_precedence_file_env_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_bad_toml_is_an_error_naming_the_file_not_a_usage_error(tmp_path: Path) -> None:
-    from trioforward.server._cli import BadSetting
+    from trioforward.server.app._cli import BadSetting
 
     config = tmp_path / "gw.toml"
     config.write_text("engine_capacity = [")

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 from gateway_harness import Gateway, generation_requests, open_gateway, open_sim
 
-from trioforward.server._serve import answer_margin
+from trioforward.server.app._serve import answer_margin
 
 BODY = {"model": "sim-base", "prompt": "x", "max_tokens": 4}
 GRACE = 10.0

@@ -1,7 +1,7 @@
 """What the front does with bytes after a request that asks to close, with
 lenient chunk-size lines and with request heads over the limit (docs/server.md,
 "Connections that must close" and "Framings the front refuses";
-``server/_h11front.py``).
+``server/front/_h11front.py``).
 
 Found trying the front as a new client would: a ``Connection: close`` request
 followed in the same write by more bytes got only a 400 "Got data when expecting

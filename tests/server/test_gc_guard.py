@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from trioforward.server import _gc
-from trioforward.server._serve import tune_gc
+from trioforward.server.app._serve import tune_gc
+from trioforward.server.front import _gc
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ async def test_our_worker_counts_a_request_from_its_spawn_to_its_end(gc_state: N
     from hypercorn.config import Config
     from hypercorn.utils import wrap_app
 
-    from trioforward.server._appchannel import AppTaskGroup
+    from trioforward.server.front._appchannel import AppTaskGroup
 
     guard = _gc.BurstGC(high=1_000, low=0)
     _gc.install(guard)

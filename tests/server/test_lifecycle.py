@@ -16,7 +16,7 @@ from gateway_harness import generation_requests, open_gateway, open_sim, reap, s
 
 from trioforward._settings import Settings
 from trioforward.server import create_app, hypercorn_config
-from trioforward.server._serve import somaxconn
+from trioforward.server.app._serve import somaxconn
 
 
 def test_hypercorn_and_quart_settings_for_bursts_and_long_generations() -> None:

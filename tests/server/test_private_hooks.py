@@ -1,5 +1,5 @@
-"""Guards of the server's private hooks into Hypercorn 0.18 (``server/_tcpserver.py``,
-``server/_appchannel.py``, ``server/_h11front.py``, ``server/_leanstream.py``).
+"""Guards of the server's private hooks into Hypercorn 0.18 (``server/front/_tcpserver.py``,
+``server/front/_appchannel.py``, ``server/front/_h11front.py``, ``server/front/_leanstream.py``).
 
 Each hook re-implements or calls Hypercorn code that is not its public API. These
 tests fail loudly when the installed Hypercorn differs from the one the hooks
@@ -39,7 +39,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import HTTPStream
 
 from trioforward import _h11
-from trioforward.server import _appchannel, _h11front, _leanstream, _tcpserver
+from trioforward.server.front import _appchannel, _h11front, _leanstream, _tcpserver
 
 # sha256 (first 16 hex digits) of the source of each Hypercorn function the hooks
 # copy, override, call or depend on, as of Hypercorn 0.18.0.
@@ -99,7 +99,7 @@ def test_hypercorn_is_the_pinned_minor_version() -> None:
 def test_hypercorn_code_the_hooks_rely_on_is_unchanged(name: str) -> None:
     obj, expected = FINGERPRINTS[name]
     assert _fingerprint(obj) == expected, (
-        f"Hypercorn's {name} changed: check trioforward/server/_tcpserver.py, "
+        f"Hypercorn's {name} changed: check trioforward/server/front/_tcpserver.py, "
         f"_appchannel.py, _h11front.py and _leanstream.py against it, then update FINGERPRINTS"
     )
 

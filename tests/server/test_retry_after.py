@@ -31,7 +31,7 @@ async def test_engine_429_comes_back_with_its_retry_after(stream: bool, fd_basel
 
 
 def test_only_end_to_end_fields_a_client_acts_on_are_passed_on() -> None:
-    from trioforward.server._errors import passed_on
+    from trioforward.server.base._errors import passed_on
 
     engine_headers = [
         (b"content-type", b"application/json"),

@@ -285,7 +285,7 @@ def test_the_resource_names_the_service_the_process_the_fleet_and_the_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from trioforward._settings import Settings
-    from trioforward.server._tracing import WORKER_ENV, _resource
+    from trioforward.server.telemetry._tracing import WORKER_ENV, _resource
 
     monkeypatch.setenv(WORKER_ENV, "1")
     settings = Settings(state_url="redis://127.0.0.1:6379", fleet_name="rl-run", service_name="gw")
@@ -318,7 +318,7 @@ def test_bad_tracing_settings_are_refused_with_a_clear_message(knobs: dict[str, 
 
 def test_the_standard_switches_turn_tracing_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from trioforward._settings import Settings
-    from trioforward.server._tracing import tracing_enabled
+    from trioforward.server.telemetry._tracing import tracing_enabled
 
     on = Settings(otlp_endpoint="http://127.0.0.1:4318")
     assert tracing_enabled(on, {}) and not tracing_enabled(Settings(), {})

@@ -12,7 +12,7 @@ import pytest
 import trio
 from gateway_harness import open_gateway, open_sim
 
-from trioforward.server._metrics import MAX_VERSION_LABELS, Metrics
+from trioforward.server.telemetry._metrics import MAX_VERSION_LABELS, Metrics
 
 BODY = {"model": "sim-base", "prompt": "x", "max_tokens": 40, "return_token_ids": True}
 

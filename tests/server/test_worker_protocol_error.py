@@ -23,8 +23,8 @@ from asgi_harness import answer_lifespan, serve_asgi
 from hypercorn.protocol.http_stream import HTTPStream
 
 from trioforward._settings import Settings
-from trioforward.server._asgi import respond, send_start
-from trioforward.server._leanstream import LeanStream
+from trioforward.server.front._asgi import respond, send_start
+from trioforward.server.front._leanstream import LeanStream
 
 
 async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -68,7 +68,7 @@ async def test_a_protocol_error_closes_its_connection_and_the_worker_serves_on(
 
 
 async def _stream_cancelled_at_its_head(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    # The streaming route's shape (server/_forward.py): the head, then the body;
+    # The streaming route's shape (server/proxy/_forward.py): the head, then the body;
     # when the work is cancelled before the head went out, a whole error answer
     # instead. Here the cancel (an abort pause, say) is already pending when the
     # head is sent.

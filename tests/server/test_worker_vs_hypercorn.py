@@ -1,4 +1,4 @@
-"""The gateway's worker (``server/_worker.py``, ``_tcpserver.py``, ``_appchannel.py``)
+"""The gateway's worker (``server/front/_worker.py``, ``_tcpserver.py``, ``_appchannel.py``)
 serves HTTP/1.1 exactly as stock Hypercorn does.
 
 Each test runs the same bare ASGI app and the same bytes under the gateway's
@@ -23,7 +23,7 @@ import trio
 from asgi_harness import answer_lifespan, serve_asgi
 
 from trioforward._settings import Settings
-from trioforward.server._serve import hypercorn_config
+from trioforward.server.app._serve import hypercorn_config
 
 SERVERS = ["our-worker", "stock-hypercorn"]
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -359,7 +359,7 @@ async def test_plain_requests_take_the_lean_stream_and_upgrades_hypercorns(
     from hypercorn.protocol.http_stream import HTTPStream
     from hypercorn.protocol.ws_stream import WSStream
 
-    from trioforward.server._leanstream import LeanStream
+    from trioforward.server.front._leanstream import LeanStream
 
     served: list[str] = []
     for cls in (LeanStream, HTTPStream, WSStream):

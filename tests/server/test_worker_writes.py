@@ -16,7 +16,7 @@ import trio.testing
 from asgi_harness import answer_lifespan, serve_asgi
 
 from trioforward._settings import Settings
-from trioforward.server import _tcpserver
+from trioforward.server.front import _tcpserver
 
 CHUNK = 1 << 20  # 1 MiB per body message: far more than a socket buffer takes at once
 CHUNKS = 8

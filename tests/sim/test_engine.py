@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from simclient import Conn, request
 
 from trioforward.sim import SimEngine, open_engine, open_fleet
-from trioforward.sim._cli import sim_engine
+from trioforward.sim.engine._cli import sim_engine
 
 
 async def test_fleet_engines_are_independent(fd_baseline: int) -> None:

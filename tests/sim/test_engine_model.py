@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from simclient import request
 
 from trioforward.sim import open_engine
-from trioforward.sim._cli import sim_engine
-from trioforward.sim._physics import PROFILES, EngineProfile
-from trioforward.sim._prefix_cache import PrefixCache
-from trioforward.sim._scheduler import Scheduler
-from trioforward.sim._stats import EngineStats
+from trioforward.sim.core._stats import EngineStats
+from trioforward.sim.engine._cli import sim_engine
+from trioforward.sim.physics._physics import PROFILES, EngineProfile
+from trioforward.sim.physics._prefix_cache import PrefixCache
+from trioforward.sim.physics._scheduler import Scheduler
 
 # a + b·batch only: every decode step's time is exact to write down
 LINEAR = EngineProfile("linear", step_s=0.010, seq_s=0.001, kv_token_s=0.0, prefill_token_s=0.0)

@@ -1,10 +1,10 @@
-"""The engine model's step cost (trioforward/sim/_physics.py): monotone, and the profiles' factors."""
+"""The engine model's step cost (trioforward/sim/physics/_physics.py): monotone, and the profiles' factors."""
 
 from __future__ import annotations
 
 import pytest
 
-from trioforward.sim._physics import PROFILES, EngineProfile, step_seconds
+from trioforward.sim.physics._physics import PROFILES, EngineProfile, step_seconds
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
@@ -49,8 +49,8 @@ def test_alone_seconds_is_what_the_scheduler_takes_for_one_sequence() -> None:
 
     import trio
 
-    from trioforward.sim._scheduler import Scheduler
-    from trioforward.sim._stats import EngineStats
+    from trioforward.sim.core._stats import EngineStats
+    from trioforward.sim.physics._scheduler import Scheduler
 
     p = EngineProfile("p", 0.01, 0.001, 1e-6, 1e-5, max_num_batched_tokens=256)
     s = Scheduler(

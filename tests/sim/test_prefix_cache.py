@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from simclient import Conn, request
 
 from trioforward.sim import PrefixCache, expected_tokens, open_engine
-from trioforward.sim._cli import sim_engine
+from trioforward.sim.engine._cli import sim_engine
 
 
 def test_match_counts_whole_leading_blocks_and_never_the_last_token() -> None:

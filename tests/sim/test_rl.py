@@ -224,8 +224,8 @@ async def test_abort_pause_answers_when_a_hang_up_lands_in_the_same_tick_as_the_
     # the sim's disconnect watcher cancels the exchange before the run wakes.
     # The outer cancellation leaves the run's own cancelled scope, so no abort
     # answer is written: the pause must still answer (it waited forever).
-    from trioforward.sim._rl import RLControl
-    from trioforward.sim._stats import EngineStats
+    from trioforward.sim.core._rl import RLControl
+    from trioforward.sim.core._stats import EngineStats
 
     rl = RLControl("vllm", EngineStats(), lambda: None)
     answered: list[str] = []

@@ -15,9 +15,9 @@ import pytest
 import trio
 import trio.testing
 
-from trioforward.sim._physics import EngineProfile
-from trioforward.sim._scheduler import MAX_LAG, Scheduler
-from trioforward.sim._stats import EngineStats
+from trioforward.sim.core._stats import EngineStats
+from trioforward.sim.physics._physics import EngineProfile
+from trioforward.sim.physics._scheduler import MAX_LAG, Scheduler
 
 # every step costs 12 ms, prefill or decode, whatever the batch
 FLAT = EngineProfile("flat", step_s=0.012, seq_s=0.0, kv_token_s=0.0, prefill_token_s=0.0)

@@ -13,9 +13,9 @@ from trioforward import _h11
 # compiled h11-mypyc when installed). docs/server.md, "Which h11 the front uses".
 _h11.use_for_front()
 
-from trioforward.server._app import create_app  # noqa: E402
-from trioforward.server._metrics import Metrics  # noqa: E402
-from trioforward.server._serve import hypercorn_config, serve  # noqa: E402
-from trioforward.server._state import GatewayState, get_state  # noqa: E402
+from trioforward.server.app._app import create_app  # noqa: E402
+from trioforward.server.app._serve import hypercorn_config, serve  # noqa: E402
+from trioforward.server.base._state import GatewayState, get_state  # noqa: E402
+from trioforward.server.telemetry._metrics import Metrics  # noqa: E402
 
 __all__ = ["create_app", "serve", "hypercorn_config", "GatewayState", "get_state", "Metrics"]

@@ -11,10 +11,12 @@ Outputs are predictable with :func:`expected_completion` and friends.
 
 from __future__ import annotations
 
-from trioforward.sim._adapters import Adapters
-from trioforward.sim._engine import SimEngine
-from trioforward.sim._faults import GENERATION_PATHS, FaultError, Faults
-from trioforward.sim._generate import (
+from trioforward.sim.core._adapters import Adapters
+from trioforward.sim.core._faults import GENERATION_PATHS, FaultError, Faults
+from trioforward.sim.core._stats import EngineStats
+from trioforward.sim.engine._engine import SimEngine
+from trioforward.sim.engine._open import open_engine, open_fleet
+from trioforward.sim.model._generate import (
     VOCAB_SIZE,
     Sample,
     expected_completion,
@@ -26,9 +28,7 @@ from trioforward.sim._generate import (
     sample,
     tokenize,
 )
-from trioforward.sim._open import open_engine, open_fleet
-from trioforward.sim._prefix_cache import PrefixCache
-from trioforward.sim._stats import EngineStats
+from trioforward.sim.physics._prefix_cache import PrefixCache
 
 __all__ = [
     "open_engine",

@@ -21,7 +21,7 @@ from quart_trio import QuartTrio
 
 from trioforward._settings import Settings
 from trioforward.dispatch import TenantTable
-from trioforward.server._state import STATE_KEY, GatewayState
+from trioforward.server.base._state import STATE_KEY, GatewayState
 
 
 @contextlib.asynccontextmanager
@@ -122,7 +122,7 @@ class ScriptedClient(PostOnly):
         group: str | None = None,
         tenant: Any = None,
     ) -> _Response:
-        from trioforward.sim._generate import sample
+        from trioforward.sim.model._generate import sample
 
         assert path == "/v1/completions"
         body = orjson.loads(content) if content is not None else json
@@ -162,7 +162,7 @@ class ScriptedClient(PostOnly):
 async def scripted_gateway(**knobs: Any) -> AsyncIterator[tuple[str, ScriptedClient, GatewayState]]:
     """A minimal Quart-Trio app with only the Tinker routes (the Quart views and the
     ASGI front's, wrapped as ``create_app`` does) and a :class:`ScriptedClient`."""
-    from trioforward.server._asgi import Front
+    from trioforward.server.front._asgi import Front
     from trioforward.server.tinker import FRONT_ROUTES, install
 
     settings = Settings(**knobs)

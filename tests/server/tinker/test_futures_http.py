@@ -10,7 +10,7 @@ from _tinker_harness import scripted_gateway
 from tinker.proto.response_conv import deserialize_sample_response
 
 from trioforward.server.tinker import tinker_state  # noqa: F401  (public surface)
-from trioforward.sim._generate import expected_completion
+from trioforward.sim.model._generate import expected_completion
 
 PROMPT = [11, 12, 13]
 

@@ -6,8 +6,8 @@ fleet mode (docs/fleet.md, "Control plane").
 
 from __future__ import annotations
 
-from trioforward.server._fleet_calls import fleet_pause, fleet_wide
-from trioforward.server._state import GatewayState
+from trioforward.server.admin._fleet_calls import fleet_pause, fleet_wide
+from trioforward.server.base._state import GatewayState
 from trioforward.server.engine_api._push import engines_of, kinds_known, pending
 
 __all__ = ["pause_kind", "resume_kind", "is_paused"]

@@ -35,7 +35,7 @@ import trio
 
 from trioforward.dispatch import EngineInfo
 from trioforward.errors import EngineControlError
-from trioforward.server._state import GatewayState
+from trioforward.server.base._state import GatewayState
 
 __all__ = [
     "EngineResult", "Pending", "PushOutcome", "engines_of", "fan_out", "kinds_known", "push",

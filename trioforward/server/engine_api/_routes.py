@@ -42,10 +42,10 @@ from quart_trio import QuartTrio
 
 from trioforward.dispatch import bad_version_reason
 from trioforward.errors import EngineControlError
-from trioforward.server._admin_routes import json_response
-from trioforward.server._errors import RequestError, bad_request
-from trioforward.server._state import GatewayState, get_state
-from trioforward.server._validate import parse_body
+from trioforward.server.admin._admin_routes import json_response
+from trioforward.server.base._errors import RequestError, bad_request
+from trioforward.server.base._state import GatewayState, get_state
+from trioforward.server.base._validate import parse_body
 from trioforward.server.engine_api._pause import is_paused, pause_kind, resume_kind
 from trioforward.server.engine_api._push import (
     EngineResult,

@@ -1,7 +1,7 @@
 """The Tinker sampling API (``/api/v1``): the official ``tinker`` SDK samples through the gateway.
 
 ``install(app)`` registers the routes on a Quart-Trio app whose
-``app.extensions["trioforward"]`` holds a :class:`~trioforward.server._state.GatewayState`
+``app.extensions["trioforward"]`` holds a :class:`~trioforward.server.base._state.GatewayState`
 while it serves; the routes keep their state (future store, sample runner,
 sampling sessions) in ``GatewayState.extras["tinker"]``, created on the first request.
 See docs/tinker.md for what the SDK needs and how this gateway answers.

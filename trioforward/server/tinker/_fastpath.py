@@ -1,9 +1,9 @@
 """Tinker's two hot calls, ``asample`` and ``retrieve_future``, as routes of the ASGI front.
 
 A trainer sends two requests per sample, so these carry all of the Tinker load.
-The front (:mod:`trioforward.server._asgi`) answers them before Quart sees them
+The front (:mod:`trioforward.server.front._asgi`) answers them before Quart sees them
 and does the request plumbing (API key, body size, JSON, disconnect, errors as
-:class:`~trioforward.server._errors.RequestError`); this module only translates
+:class:`~trioforward.server.base._errors.RequestError`); this module only translates
 the Tinker wire format. Every other Tinker route is a Quart view (``_routes.py``).
 
 A held poll stops holding when the client goes away (the front cancels it); the
@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 
 from trioforward.errors import QueueFull
-from trioforward.server._asgi import Call, Route, respond
-from trioforward.server._errors import RequestError, bad_request
-from trioforward.server._validate import weight_policy
+from trioforward.server.base._errors import RequestError, bad_request
+from trioforward.server.base._validate import weight_policy
+from trioforward.server.front._asgi import Call, Route, respond
 from trioforward.server.tinker import _fleet
 from trioforward.server.tinker._futures import (
     PENDING,

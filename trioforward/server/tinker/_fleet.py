@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from trioforward.server._asgi import Call, respond
-from trioforward.server._errors import RequestError, error_body
+from trioforward.server.base._errors import RequestError, error_body
+from trioforward.server.front._asgi import Call, respond
 from trioforward.server.tinker._futures import StoreFull
 from trioforward.server.tinker._requests import SampleJob, id_header, identify
 from trioforward.server.tinker._state import TinkerState

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from trioforward.dispatch import TokenRequest, WeightPolicy
-from trioforward.server._errors import RequestError
+from trioforward.server.base._errors import RequestError
 
 if TYPE_CHECKING:
-    from trioforward.server._asgi import Call
+    from trioforward.server.front._asgi import Call
 
 __all__ = [
     "BadRequest",

@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 from quart import Blueprint, Response, request
 
-from trioforward.server._errors import error_body
-from trioforward.server._validate import parse_body
+from trioforward.server.base._errors import error_body
+from trioforward.server.base._validate import parse_body
 from trioforward.server.tinker._requests import make_sampling_session
 from trioforward.server.tinker._state import tinker_state
 from trioforward.server.tinker._wire import JSON

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from trioforward.server._state import GatewayState, get_state
+from trioforward.server.base._state import GatewayState, get_state
 from trioforward.server.tinker._futures import FutureStore
 from trioforward.server.tinker._requests import SamplingSession, sampling_session_from_id
 from trioforward.server.tinker._runner import SampleRunner
