@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1] / "trioforward"
 # Who may import whom (at run time; type-check-only imports are exempt).
 BELOW = {
@@ -53,60 +55,104 @@ def test_packages_import_down_only_and_only_public_names() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-# dispatch/'s own sub-packages, lowest first: each may import those before it only.
-DISPATCH = ["engines", "attempts", "dialects", "rollout", "client"]
+# Each split package's sub-packages, lowest first: each may import those before it
+# only (docs/architecture.md, "Packages"; tools/relayout.py moves modules into them).
+SUB_PACKAGES = {
+    "dispatch": ["engines", "attempts", "dialects", "rollout", "client"],
+    "server": ["base", "telemetry", "front", "tinker", "admin", "engine_api", "proxy", "app"],
+    "sim": ["model", "core", "physics", "routes", "engine"],
+}
 FOLDER_LIMIT = 20  # modules directly in one folder (docs/architecture.md, "Packages")
 
 
-def upward_dispatch_imports(root: Path) -> list[str]:
-    """``path:line: module (why)`` for each run-time import in ``root``'s sub-packages
-    that names a sub-package at or after its own in :data:`DISPATCH`, or the
-    ``trioforward.dispatch`` package itself (whose ``__init__`` imports the client)."""
+def _targets(path: Path, package: str) -> list[tuple[int, str]]:
+    """:func:`_imports`, with ``from trioforward.<package> import <sub-package>`` read
+    as an import of that sub-package (it does not run the package's ``__init__`` names)."""
+    found = []
+    for line, module in _imports(path):
+        if module == f"trioforward.{package}":
+            tree = ast.parse(path.read_text())
+            names = {
+                alias.name
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.lineno == line and node.module == module
+                for alias in node.names
+            }
+            if names and names <= set(SUB_PACKAGES[package]):
+                found.extend((line, f"{module}.{name}") for name in sorted(names))
+                continue
+        found.append((line, module))
+    return found
+
+
+def upward_imports(root: Path, package: str) -> list[str]:
+    """``path:line: module (why)`` for each run-time import in the sub-packages of
+    ``root`` (the folder of ``trioforward.<package>``) that names a sub-package at or
+    after its own in :data:`SUB_PACKAGES`, a module outside every sub-package, or
+    the package itself (whose ``__init__`` imports the top sub-package)."""
+    order = SUB_PACKAGES[package]
     wrong = []
-    for rank, package in enumerate(DISPATCH):
-        for path in sorted((root / package).rglob("*.py")):
-            for line, module in _imports(path):
+    for rank, sub in enumerate(order):
+        for path in sorted((root / sub).rglob("*.py")):
+            for line, module in _targets(path, package):
                 parts = module.split(".")
-                if parts[:2] != ["trioforward", "dispatch"]:
+                if parts[:2] != ["trioforward", package]:
                     continue
                 where = f"{path.relative_to(root.parent.parent)}:{line}: {module}"
                 if len(parts) == 2:
-                    wrong.append(f"{where} (the dispatch package itself, from below)")
-                elif parts[2] in DISPATCH and DISPATCH.index(parts[2]) > rank:
-                    wrong.append(f"{where} (imports up: {package} is below {parts[2]})")
+                    wrong.append(f"{where} (the {package} package itself, from below)")
+                elif parts[2] not in order:
+                    wrong.append(f"{where} (a module outside {package}/'s sub-packages)")
+                elif order.index(parts[2]) > rank:
+                    wrong.append(f"{where} (imports up: {sub} is below {parts[2]})")
     return wrong
 
 
-def test_dispatch_sub_packages_import_down_only() -> None:
-    found = sorted(p.name for p in (ROOT / "dispatch").iterdir() if (p / "__init__.py").exists())
-    assert found == sorted(DISPATCH)
-    wrong = upward_dispatch_imports(ROOT / "dispatch")
+@pytest.mark.parametrize("package", sorted(SUB_PACKAGES))
+def test_sub_packages_import_down_only(package: str) -> None:
+    folder = ROOT / package
+    found = sorted(p.name for p in folder.iterdir() if (p / "__init__.py").exists())
+    assert found == sorted(SUB_PACKAGES[package])
+    # Every module sits in a sub-package: one left at the top would be in no order.
+    assert sorted(p.name for p in folder.glob("*.py")) == ["__init__.py"]
+    for sub in SUB_PACKAGES[package]:
+        doc = ast.get_docstring(ast.parse((folder / sub / "__init__.py").read_text())) or ""
+        assert "May import" in doc or "may import" in doc or "imports no other" in doc, sub
+    wrong = upward_imports(folder, package)
     assert not wrong, "\n".join(wrong)
 
 
-def test_an_upward_import_is_caught(tmp_path: Path) -> None:
-    # The check above on a tree with one import from engines up to rollout.
-    root = tmp_path / "trioforward" / "dispatch"
-    for package in DISPATCH:
-        (root / package).mkdir(parents=True)
-        (root / package / "__init__.py").write_text('"""x"""\n')
-    (root / "engines" / "_x.py").write_text(
-        "from trioforward.dispatch.attempts._request import Request\n"
-        "from trioforward.dispatch.rollout._replay import replaying_request\n"
+@pytest.mark.parametrize("package", sorted(SUB_PACKAGES))
+def test_an_upward_import_is_caught(tmp_path: Path, package: str) -> None:
+    # The check above on a tree where the lowest sub-package imports the top one,
+    # the package itself and a module at the top; the top one imports down.
+    low, *_, top = SUB_PACKAGES[package]
+    root = tmp_path / "trioforward" / package
+    for sub in SUB_PACKAGES[package]:
+        (root / sub).mkdir(parents=True)
+        (root / sub / "__init__.py").write_text('"""x"""\n')
+    (root / low / "_x.py").write_text(
+        f"from trioforward.{package}.{low}._y import y\n"
+        f"from trioforward.{package}.{top}._z import z\n"
+        f"from trioforward.{package} import {top}\n"
+        f"from trioforward.{package} import Thing\n"
+        f"from trioforward.{package}._flat import w\n"
     )
-    (root / "client" / "_y.py").write_text("from trioforward.dispatch.engines._engines import Engine\n")
-    wrong = upward_dispatch_imports(root)
-    assert len(wrong) == 2 and all("trioforward/dispatch/engines/_x.py" in w for w in wrong)
+    (root / top / "_z.py").write_text(
+        f"from trioforward.{package}.{low}._x import x\nfrom trioforward.{package} import {low}\n"
+    )
+    wrong = upward_imports(root, package)
+    assert [w.split(": ", 1)[0] for w in wrong] == [f"trioforward/{package}/{low}/_x.py:{n}" for n in (2, 3, 4, 5)]
 
 
-def test_no_dispatch_folder_holds_more_than_twenty_modules() -> None:
-    dispatch = ROOT / "dispatch"
+def test_no_folder_holds_more_than_twenty_modules() -> None:
     crowded = {
         str(folder.relative_to(ROOT.parent)): n
-        for folder in [dispatch, *(p for p in dispatch.rglob("*") if p.is_dir())]
+        for folder in [ROOT, *(p for p in ROOT.rglob("*") if p.is_dir())]
         if (n := len(list(folder.glob("*.py")))) > FOLDER_LIMIT
     }
     assert not crowded, crowded
+
 
 def test_the_pool_knows_nothing_of_queueing() -> None:
     # QUEUED is the dispatch layer's phase (waiting for engine capacity or a pause):
