@@ -54,11 +54,11 @@ from trioforward.dispatch import (
 )
 from trioforward.errors import EngineControlError
 from trioforward.server.admin._abort import abort_args, abort_here
+from trioforward.server.admin._fan_out import flush_prefix_caches
 from trioforward.server.admin._fleet_calls import fleet_pause, fleet_resume, fleet_wide
 from trioforward.server.base._errors import RequestError, bad_request
 from trioforward.server.base._state import GatewayState, get_state
 from trioforward.server.base._validate import parse_body
-from trioforward.server.engine_api._push import flush_prefix_caches
 
 __all__ = ["install_admin_routes", "json_response", "sampling_sessions"]
 
