@@ -8,8 +8,10 @@ stacks' own clients").
   ``replay: "continue"``: no call fails, none is redone (the sim decoded each
   token once), every answer has all its tokens.
 - The train client's token route: ``renderers.client.generate`` (what the
-  ``TrainClient`` posts to ``/inference/v1/generate``) through the gateway gets
-  vLLM 0.32's answer, and renderers judges it as it judges vLLM's own.
+  ``TrainClient`` posts to ``/inference/v1/generate``) with
+  ``return_tokens_as_token_ids`` in its sampling params: through the gateway,
+  renderers accepts the answer (the gateway adds ``"token": "token_id:<id>"``);
+  straight to the sim, which answers as vLLM 0.32 does, renderers refuses it.
 """
 
 from __future__ import annotations
@@ -94,11 +96,15 @@ def _renderer() -> Any:
 
 
 @pytest.mark.parametrize("target", ["gateway", "engine"])
-def test_train_client_token_route_is_judged_as_vllm_0_32_itself(launch: Any, target: str) -> None:
+def test_train_client_token_route_is_served_by_the_gateway_not_by_vllm_0_32(launch: Any, target: str) -> None:
     sim = launch("sim-engine", "--model", "sim-base", "--enable-scale-out")
     gateway = launch("serve", "--engine", sim.url, "--log-level", "info")
     url = gateway.url if target == "gateway" else sim.url
     before = sim.stats()  # the gateway's own probe of the token route is counted here
+    # What verifiers' sampling config (extra keys allowed) hands renderers: its
+    # sampling_params, sent as the body's "sampling_params" (renderers 0.1.12 has no
+    # top-level field for it).
+    params = {"max_tokens": 8, "temperature": 0, "return_tokens_as_token_ids": True}
 
     async def one() -> Any:
         client = AsyncOpenAI(base_url=url + "/v1", api_key="anything")
@@ -109,25 +115,36 @@ def test_train_client_token_route_is_judged_as_vllm_0_32_itself(launch: Any, tar
                 messages=[],
                 model="sim-base",
                 prompt_ids=[1, 2, 3],
-                sampling_params={"max_tokens": 8, "temperature": 0},
+                sampling_params=params,
             )
         finally:
             await client.close()
 
-    # vLLM 0.32's token route gives each logprob as {"token_id": <int>, ...}
-    # (recorded: tests/sim/vllm_0_32_fixtures/tokens_generate_logprobs.json);
-    # renderers 0.1.12 wants the earlier {"token": "token_id:<id>"} form.
-    with pytest.raises(MalformedGenerateResponseError, match=r"content\[0\]\.token must be 'token_id:\d+'"):
-        asyncio.run(one())
+    if target == "gateway":
+        # The gateway adds the earlier releases' "token": "token_id:<id>" to vLLM
+        # 0.32's entries for a caller that asked: renderers accepts the answer.
+        result = asyncio.run(one())
+        assert len(result["completion_ids"]) == 8 == len(result["completion_logprobs"])
+        assert all(lp <= 0 for lp in result["completion_logprobs"])
+    else:
+        # vLLM 0.32's token route gives each logprob as {"token_id": <int>, ...}
+        # and ignores the ask (recorded: tests/sim/vllm_0_32_fixtures/
+        # tokens_generate_tokens_as_ids.json); renderers 0.1.12 refuses it.
+        with pytest.raises(MalformedGenerateResponseError, match=r"content\[0\]\.token must be 'token_id:\d+'"):
+            asyncio.run(one())
     stats = sim.stats()
     assert stats["by_path"]["/inference/v1/generate"] - before["by_path"]["/inference/v1/generate"] == 1
     assert stats["completed"] - before["completed"] == 1
     answered = httpx.post(
         url + "/inference/v1/generate",
-        json={"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 8, "temperature": 0, "logprobs": 1}},
+        json={"token_ids": [1, 2, 3], "sampling_params": {**params, "logprobs": 1}},
         timeout=30,
     ).json()
     entry = answered["choices"][0]["logprobs"]["content"][0]
-    assert entry["token_id"] == answered["choices"][0]["token_ids"][0] and "token" not in entry
+    assert entry["token_id"] == answered["choices"][0]["token_ids"][0]
+    if target == "gateway":
+        assert entry["token"] == f"token_id:{entry['token_id']}"
+    else:
+        assert "token" not in entry
     expected = [200, 200] if target == "gateway" else []
     assert access_statuses(gateway, at_least=len(expected)) == expected

@@ -183,6 +183,7 @@ class Request:
         "weight_version",
         "trace",
         "asked_ids",
+        "token_strings",
         "request_id",
         "group",
         "engine_request_id",
@@ -258,6 +259,9 @@ class Request:
         # The gateway added return_token_ids to the body (dispatch/rollout/_continue.py):
         # the answer's token-id lists are the gateway's, not the caller's.
         self.asked_ids = False
+        # vLLM's token route: the caller asked for return_tokens_as_token_ids
+        # (dispatch/dialects/_routes.py, token_strings).
+        self.token_strings = False
         # Identity (docs/server.md, "Request ids and rollout groups").
         self.request_id = request_id
         self.group = group

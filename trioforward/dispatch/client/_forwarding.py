@@ -32,6 +32,7 @@ from trioforward.dispatch.attempts._tracing import Tracing
 from trioforward.dispatch.attempts._types import ForwardResponse
 from trioforward.dispatch.client._forward_stream import ForwardStream
 from trioforward.dispatch.dialects._events import CHAT, COMPLETIONS
+from trioforward.dispatch.dialects._routes import VLLM, asks_token_strings
 from trioforward.dispatch.engines._adapters import AdapterRegistry
 from trioforward.dispatch.engines._engines import Engine, Registry
 from trioforward.dispatch.engines._prefix import request_prefix_key
@@ -138,6 +139,9 @@ class Forwarding:
             asked = ask_token_ids(content)
             if asked is not None:
                 req.content, req.asked_ids = asked, True
+        elif path == VLLM and method == "POST":
+            # Its logprobs named "token_id:<id>" when asked (docs/server.md, "Token routes").
+            req.token_strings = asks_token_strings(content)
         if self._prefix_routing and session_hash is None:
             req.prefix = request_prefix_key(json, content, self.settings.prefix_tokens)
         policy = options.get("weight_policy")

@@ -12,7 +12,12 @@ docs/operations.md, "Which routes continue"; docs/server.md, "Token routes").
   (``vllm/entrypoints/scale_out/token_in_token_out/protocol.py``): ``choices``
   with ``token_ids``, ``logprobs.content``, ``finish_reason``, ``stop_reason``,
   ``weight_versions``; a stream's event holds one choice's new tokens, then the
-  usage event when ``stream_options.include_usage`` asked for it.
+  usage event when ``stream_options.include_usage`` asked for it. Each logprob
+  entry is ``{"token_id": <int>, "logprob", "rank", "top_logprobs"}``; vLLM 0.32
+  ignores ``return_tokens_as_token_ids`` on this route. For a caller that asks for
+  it (top level or in ``sampling_params``), :func:`token_strings` adds the
+  earlier releases' ``"token": "token_id:<id>"`` to each entry and top logprob
+  (docs/server.md, "Token routes").
 
 A continuation goes to the route itself: the caller's body with the prompt ids +
 the tokens so far (``input_ids`` / ``token_ids``), ``n`` 1 and the budget left
@@ -37,13 +42,15 @@ from trioforward.dispatch.dialects._events import (
     UNSET,
     ChatEvents,
     Events,
+    payload,
+    split,
     sse_event,
     usage,
 )
 
 __all__ = [
     "SGLANG", "VLLM", "NATIVE_PATHS", "CONTINUED", "SGLANG_MAX_NEW_TOKENS", "Sglang", "Vllm",
-    "shape_for",
+    "shape_for", "asks_token_strings", "token_strings",
 ]  # fmt: skip
 
 SGLANG = "/generate"
@@ -58,6 +65,71 @@ _PER_ITEM = (
     "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
     "lora_path", "token_ids_logprob", "return_text_in_logprobs", "custom_logit_processor",
 )  # fmt: skip
+
+
+_ASK = "return_tokens_as_token_ids"
+
+
+def asks_token_strings(content: bytes) -> bool:
+    """Whether the JSON body ``content`` of a vLLM ``/inference/v1/generate`` call has
+    ``return_tokens_as_token_ids: true``, at the top level (its name on vLLM's
+    OpenAI routes) or in ``sampling_params`` (where verifiers' sampling config puts
+    extra keys). Parsed only when the name is in the bytes."""
+    if _ASK.encode() not in content:
+        return False
+    try:
+        return _asks(orjson.loads(content))
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _asks(body: Any) -> bool:
+    params = body.get("sampling_params") if isinstance(body, dict) else None
+    return isinstance(body, dict) and (
+        body.get(_ASK) is True or (isinstance(params, dict) and params.get(_ASK) is True)
+    )
+
+
+def _named(entry: Any) -> Any:
+    """A logprob entry with ``"token": "token_id:<id>"`` added (and in its top logprobs)."""
+    if not isinstance(entry, dict) or type(entry.get("token_id")) is not int:
+        return entry
+    out = {"token": f"token_id:{entry['token_id']}", **entry}
+    top = entry.get("top_logprobs")
+    if isinstance(top, list):
+        out["top_logprobs"] = [_named(t) for t in top]
+    return out
+
+
+def _named_choice(choice: Any) -> Any:
+    block = choice.get("logprobs") if isinstance(choice, dict) else None
+    if not isinstance(block, dict) or not isinstance(block.get("content"), list):
+        return choice
+    return {**choice, "logprobs": {**block, "content": [_named(e) for e in block["content"]]}}
+
+
+def _named_doc(doc: Any) -> Any:
+    if isinstance(doc, dict) and isinstance(doc.get("choices"), list):
+        return {**doc, "choices": [_named_choice(c) for c in doc["choices"]]}
+    return doc
+
+
+def token_strings(content: bytes, stream: bool) -> bytes:
+    """vLLM ``/inference/v1/generate`` answer ``content`` (a whole JSON body, or whole
+    SSE events when ``stream``) with each logprob entry's ``"token":
+    "token_id:<id>"`` added, as vLLM before 0.32 gave it (renderers 0.1.12 reads
+    it); everything else as it was. Not JSON: unchanged."""
+    if not stream:
+        try:
+            doc = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            return content
+        return orjson.dumps(_named_doc(doc))
+    out = []
+    for event in split(content):
+        doc = payload(event)
+        out.append(sse_event(_named_doc(doc)) if isinstance(doc, dict) else event)
+    return b"".join(out)
 
 
 def _meta(item: Any) -> dict[str, Any]:
@@ -258,7 +330,12 @@ class Vllm(_Native):
         block = out["logprobs"]
         if isinstance(choice.get("logprobs"), dict) and block is not None:
             choice["logprobs"] = {**choice["logprobs"], "content": block["content"]}
-        return choice
+        return _named_choice(choice) if self.names else choice
+
+    @property
+    def names(self) -> bool:
+        """The caller asked for ``"token_id:<id>"`` token strings (:func:`asks_token_strings`)."""
+        return _asks(self.body)
 
     def joined(self, doc: Any, gens: list[Any], ids: bool) -> bytes:
         choices = [self.choice(g, {**g.tail(True), "token_ids": g.tokens}) for g in gens]

@@ -37,7 +37,7 @@ from trioforward.dispatch.dialects._events import (
     payload,
     split,
 )
-from trioforward.dispatch.dialects._routes import SGLANG, shape_for
+from trioforward.dispatch.dialects._routes import SGLANG, shape_for, token_strings
 from trioforward.dispatch.rollout._continue import (
     CONTINUE,
     Generation,
@@ -98,6 +98,8 @@ async def continuing_events(
         seen.relayed = True
         if spans is not None:
             block = spans.block(block)
+        if req.token_strings:
+            block = token_strings(block, True)
         yield hide_token_ids(block) if req.asked_ids else block
     if not held:
         if partial and not req.aborted_by_call:  # an abort call's cut: dropped
@@ -114,6 +116,7 @@ async def _restarted(dispatcher: Dispatcher, req: Request) -> AsyncIterator[byte
     and before the engine said its prompt ids (a chat stream still in prefill)."""
     sub = derived(req, req.content)
     sub.streaming, sub.asked_ids, sub.tasks = True, req.asked_ids, req.tasks
+    sub.token_strings = req.token_strings
     try:
         async with dispatcher.stream(sub) as answer:
             if answer.body is None:  # refused: its whole body is read

@@ -15,7 +15,7 @@ from trioforward.dispatch.attempts._dispatch import Dispatcher
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects._events import ABORTS, CHAT, COMPLETIONS
-from trioforward.dispatch.dialects._routes import CONTINUED
+from trioforward.dispatch.dialects._routes import CONTINUED, VLLM, token_strings
 from trioforward.dispatch.rollout._continue import CONTINUE, hide_token_ids, spanned, with_span
 from trioforward.dispatch.rollout._continue_tokens import aborted_tokens, continued_tokens
 from trioforward.dispatch.rollout._continue_whole import continued_answer
@@ -89,6 +89,8 @@ def _shown(req: Request, reply: Reply, crossed: bool, current: str | None) -> Re
     if 200 <= reply.status < 300 and req.url_path == CHAT:
         if req.asked_ids:
             reply.content = hide_token_ids(reply.content)
+    elif 200 <= reply.status < 300 and req.url_path == VLLM and req.token_strings:
+        reply.content = token_strings(reply.content, False)
     elif 200 <= reply.status < 300 and req.url_path == COMPLETIONS:
         if crossed and req.render is None:
             reply.content = spanned(reply.content, req.weight_version, not req.asked_ids)
