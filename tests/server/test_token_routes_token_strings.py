@@ -15,6 +15,7 @@ import orjson
 import pytest
 import trio
 from gateway_harness import open_gateway, open_sim
+from test_token_routes_continue import across_an_update
 
 from trioforward.dispatch.rollout import _continue_stream, _replay
 
@@ -121,19 +122,13 @@ async def test_a_continued_answer_has_token_strings_on_every_segment(fd_baseline
         before = engine.stats.by_path[PATH]
         out: list[bytes] = []
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
-            assert (await c.post("/admin/resume", json={"weight_version": "v1"})).status_code == 200
 
             async def one() -> None:
                 async with c.stream("POST", PATH, json=body) as r:
                     assert r.status_code == 200
                     out.extend([chunk async for chunk in r.aiter_bytes()])
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(one)
-                await engine.stats.wait_for(lambda s: s.tokens_decoded >= 3)
-                paused = await c.post("/admin/pause", json={"engine_mode": "abort", "replay": "continue"})
-                assert paused.status_code == 200, paused.text
-                assert (await c.post("/admin/resume", json={"weight_version": "v2"})).status_code == 200
+            await across_an_update(c, engine, one)
         text = b"".join(out)
         choices = [ch for e in events(text) for ch in e["choices"]] if stream else orjson.loads(text)["choices"]
         assert_named(choices, budget)
