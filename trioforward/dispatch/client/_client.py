@@ -214,6 +214,7 @@ class Client(PauseGate, Sampling):
             adapters_registered=len(self.adapters.list()),
             pool=self._pool.statistics(),
             tenants={t.name: t.statistics() for t in self.tenants},
+            migrations=dict(d.continued.migrations),
         )
 
 

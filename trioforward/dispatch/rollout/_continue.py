@@ -28,6 +28,7 @@ from trioforward.codec import UNVERSIONED, span_version
 from trioforward.dispatch.attempts._counts import ContinueCounts
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects._events import COMPLETIONS, DEFAULT_MAX_TOKENS
+from trioforward.dispatch.rollout._migration import avoiding
 
 __all__ = [
     "CONTINUE",
@@ -344,5 +345,6 @@ def derived(req: Request, content: bytes, path: str | None = None) -> Request:
         tenant=req.tenant,
     )
     sub.on_dispatch = req.on_dispatch
+    sub.only = avoiding(req)  # never back on an engine that failed it (_migration.py)
     sub.admitted = True  # the same request: admitted once, under req's admission
     return sub

@@ -117,7 +117,6 @@ class _Native:
         req, path = self.req, self.req.url_path
         sub_body = self.route.body(self.body, seq, left)
         sub = derived(req, orjson.dumps(sub_body))
-        sub.only = req.only
         if path == SGLANG:
             sub.render = lambda engine, engine_id, b=sub_body: (
                 path,

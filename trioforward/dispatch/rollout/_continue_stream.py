@@ -38,8 +38,9 @@ from trioforward.dispatch.rollout._continue_substream import (
     split,
 )
 from trioforward.dispatch.rollout._continuing import absorb
+from trioforward.dispatch.rollout._migration import BROKEN, migrating
 from trioforward.dispatch.rollout._stream_spans import StreamSpans
-from trioforward.errors import DispatchAborted, TrioforwardError
+from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
 from trioforward.http import PoolError
 
 if TYPE_CHECKING:
@@ -64,29 +65,35 @@ async def continuing_events(
         spans = StreamSpans(req, dispatcher)
     held: list[bytes] = []
     partial = b""
-    async for chunk in source:
-        data = partial + chunk if partial else chunk
-        end = events_end(data)
-        partial = data[end:]
-        if not end:
-            continue
-        block = data[:end]
-        if held:
-            held.append(block)
-            continue
-        if req.replay == CONTINUE and any(a in block for a in _ABORTS):
-            events = split(block)
-            first = next(i for i, e in enumerate(events) if any(a in e for a in _ABORTS))
-            block = b"".join(events[:first])
-            held.extend(events[first:])
-            if not block:
+    try:
+        async for chunk in source:
+            data = partial + chunk if partial else chunk
+            end = events_end(data)
+            partial = data[end:]
+            if not end:
                 continue
-        seen.add(block)
-        seen.relayed = True
-        if spans is not None:
-            block = spans.block(block)
-        yield hide_token_ids(block) if req.asked_ids else block
-    if not held:
+            block = data[:end]
+            if held:
+                held.append(block)
+                continue
+            if req.replay == CONTINUE and any(a in block for a in _ABORTS):
+                events = split(block)
+                first = next(i for i, e in enumerate(events) if any(a in e for a in _ABORTS))
+                block = b"".join(events[:first])
+                held.extend(events[first:])
+                if not block:
+                    continue
+            seen.add(block)
+            seen.relayed = True
+            if spans is not None:
+                block = spans.block(block)
+            yield hide_token_ids(block) if req.asked_ids else block
+    except UpstreamBroken as exc:
+        # Its engine failed mid-stream: on elsewhere from the tokens relayed
+        # (an unfinished event's are not), or the error as before (_migration.py).
+        if held or not _cut_short(dispatcher, req, seen, exc):
+            raise
+    if not held and not seen.cut:
         if partial and not req.aborted_by_call:  # an abort call's cut: dropped
             yield partial  # the engine ended it so: its own
         return
@@ -213,11 +220,38 @@ async def _continued(
 FOLD_BYTES = 1 << 20
 
 
+def _cut_short(dispatcher: Dispatcher, req: Request, seen: _Seen, error: UpstreamBroken) -> bool:
+    """Whether a stream whose engine failed with ``error`` migrates: its choices
+    relayed so far (every choice of ``n`` had an event, with token ids, and the
+    stream can be continued) end here as an abort pause would end them
+    (``seen.cut``), counted by :func:`migrating`."""
+    try:
+        shape = seen.shape = seen.shape or events_for(req.url_path, orjson.loads(req.content))
+    except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError):
+        return False
+    seen.fold()
+    gens = seen.gens
+    n = shape.body.get("n", 1)
+    if seen.broken or shape.budget() is None or len(gens) != (n if isinstance(n, int) else 1):
+        return False
+    going = [g for g in gens.values() if g.finish is None]
+    tokens = sum(len(g.tokens) for g in going)
+    if not going or not migrating(dispatcher, req, error.engine, req.weight_version, tokens, BROKEN):
+        return False
+    for g in going:
+        g.finish = "abort"
+    seen.cut = True
+    return True
+
+
 class _Seen:
     """The events a stream relayed: raw until :data:`FOLD_BYTES`, then parsed into
-    per-choice :class:`Generation` state (``broken``: a chunk had no token ids)."""
+    per-choice :class:`Generation` state (``broken``: a chunk had no token ids;
+    ``cut``: its engine failed and it migrates)."""
 
-    __slots__ = ("req", "blocks", "size", "gens", "head", "usage", "broken", "shape", "relayed")
+    __slots__ = (
+        "req", "blocks", "size", "gens", "head", "usage", "broken", "shape", "relayed", "cut",
+    )  # fmt: skip
 
     def __init__(self, req: Request) -> None:
         self.req = req
@@ -229,6 +263,7 @@ class _Seen:
         self.broken = False
         self.shape: Events | None = None  # the caller's stream shape, read on first use
         self.relayed = False  # an event went to the caller
+        self.cut = False  # its engine failed: it migrates (_cut_short)
 
     def add(self, block: bytes) -> None:
         if self.broken:

@@ -27,6 +27,7 @@ from trioforward.dispatch.rollout._continue import (
     is_length_refusal,
 )
 from trioforward.dispatch.rollout._continuing import absorb, count_continuation
+from trioforward.dispatch.rollout._migration import BROKEN, ENGINE_ABORT, migrating
 from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
 from trioforward.http import PoolError
 
@@ -135,11 +136,14 @@ async def _stream_choice(
                 else:
                     status = 0
                     await _relay(answer, sub, gen, index, head, ids, send, shape)
-        except (DispatchAborted, UpstreamBroken):
+        except (DispatchAborted, UpstreamBroken) as exc:
             absorb(req, sub)
-            if not sub.replay:
+            if not sub.replay and not (
+                isinstance(exc, UpstreamBroken)
+                and migrating(dispatcher, req, exc.engine, sub.weight_version, len(gen.tokens), BROKEN)
+            ):
                 raise
-            continue  # ended by a pause: on from the tokens relayed so far
+            continue  # ended by a pause or its engine's failure: on from the tokens relayed so far
         absorb(req, sub)
         if status:
             if is_length_refusal(status, content):
@@ -158,7 +162,11 @@ async def _stream_choice(
             return
         if sub.replay is False:
             raise req.stamp(sub.aborted())  # a pause without replay ended it
-        if sub.replay is None:  # an abort of another cause: it ends so
+        if sub.replay is None:  # an abort of another cause: it ends so, or migrates
+            failed = sub.engine_url
+            if migrating(dispatcher, req, failed, sub.weight_version, len(gen.tokens), ENGINE_ABORT):
+                gen.finish = None
+                continue
             await send.send(shape.event(head, gen.tail(ids), index))
             return
         counts.tokens_kept += len(gen.tokens) - before

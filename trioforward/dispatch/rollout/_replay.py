@@ -14,6 +14,7 @@ from trioforward._background import open_background_nursery
 from trioforward.dispatch.attempts._dispatch import Dispatcher
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
+from trioforward.dispatch.rollout._assembled import assembled, assembles, migrated_answer
 from trioforward.dispatch.rollout._continue import (
     CONTINUABLE_PATH,
     CONTINUE,
@@ -25,6 +26,7 @@ from trioforward.dispatch.rollout._continue_answer import continued_answer
 from trioforward.dispatch.rollout._continue_chat import CHAT_PATH, continued_chat
 from trioforward.dispatch.rollout._continue_native import NATIVE_PATHS, continued_native
 from trioforward.dispatch.rollout._continue_tokens import aborted_tokens, continued_tokens
+from trioforward.dispatch.rollout._migration import BROKEN, ENGINE_ABORT
 from trioforward.errors import DispatchAborted, UpstreamBroken
 
 __all__ = ["is_abort_answer", "replaying_request", "replaying_stream"]
@@ -57,12 +59,26 @@ async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
 async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
     crossed = False  # replayed whole after a continue pause: the answer gets its span
     while True:
+        broken = None  # the error that broke an assembled answer off (_assembled.py)
         try:
-            reply = await dispatcher.request(req)
+            if assembles(dispatcher, req):
+                reply, broken = await assembled(dispatcher, req)
+            else:
+                reply = await dispatcher.request(req)
         except (DispatchAborted, UpstreamBroken):
             if not req.replay or req.aborted_by_call:
                 raise
         else:
+            if broken is not None or _engine_abort(dispatcher, req, reply):
+                # Its engine failed it mid-answer: on elsewhere (_migration.py), or
+                # the error / the engine's answer as before.
+                moved = await migrated_answer(
+                    dispatcher, req, reply, ENGINE_ABORT if broken is None else BROKEN
+                )
+                if moved is not None:
+                    return moved
+                if broken is not None:
+                    raise broken
             # Aborted by an abort call (_abort.py): the engine's abort answer is
             # the caller's, never replayed or continued.
             if req.replay is None or req.aborted_by_call:
@@ -96,6 +112,20 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
         if req.trace is not None:
             req.trace.replay(req.abort_reason)
         req.rearm()
+
+
+def _engine_abort(dispatcher: Dispatcher, req: Request, reply: Reply) -> bool:
+    """``reply`` is an abort answer the engine gave on its own (no pause of the
+    gateway, no abort call asked for it) to a ``/v1/completions`` request whose
+    token ids the gateway reads, and migration is on."""
+    return (
+        req.replay is None
+        and not req.aborted_by_call
+        and req.asked_ids
+        and req.url_path == CONTINUABLE_PATH
+        and dispatcher.settings.max_migrations > 0
+        and is_abort_answer(reply.content)
+    )
 
 
 def _shown(req: Request, reply: Reply, crossed: bool, current: str | None) -> Reply:
