@@ -69,15 +69,11 @@ async def assembled(dispatcher: Dispatcher, req: Request) -> tuple[Reply, Upstre
         async with dispatcher.stream(req) as answer:
             if answer.body is None:
                 return answer, None
-            events: list[bytes] = []
+            chunks: list[bytes] = []
             broken: UpstreamBroken | None = None
-            partial = b""
             try:
                 async for chunk in answer.body.aiter_bytes():
-                    data = partial + chunk if partial else chunk
-                    end = events_end(data)
-                    partial = data[end:]
-                    events.append(data[:end])
+                    chunks.append(chunk)
             except PoolError as exc:
                 req.phase = Phase.READ_BODY
                 error = gateway_error(exc, answer.engine.url, answer.deadline, trio.current_time())
@@ -86,7 +82,8 @@ async def assembled(dispatcher: Dispatcher, req: Request) -> tuple[Reply, Upstre
                 broken = req.stamp(error)
     finally:
         req.content = caller
-    content = _whole(b"".join(events), req.weight_version, broken is not None)
+    data = b"".join(chunks)
+    content = _whole(data[: events_end(data)], req.weight_version, broken is not None)  # an event cut short: dropped
     if content is None:
         raise broken or req.stamp(
             UpstreamBroken(
