@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import trio
@@ -180,3 +181,40 @@ async def test_a_generation_that_had_no_token_is_not_sent_again(
         assert len(errors) == 2
         assert survivor.stats.by_path[COMPLETION] == 0
         assert client.statistics().migrations == {}
+
+
+@pytest.mark.parametrize("route", ["post", "complete"])
+async def test_an_abort_the_engine_made_on_its_own_migrates(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock, route: str
+) -> None:
+    """Someone aborts the engine's requests behind the gateway's back (the engine's
+    own ``/abort_requests``): the answer goes on on the other engine, whole."""
+    async with (
+        open_engine(decode_ms_per_token=100) as aborting,
+        open_engine(decode_ms_per_token=100) as survivor,
+        client_for(aborting) as client,
+    ):
+        prompt = prompt_of(0)
+        got: list[Any] = []
+
+        async def run() -> None:
+            if route == "post":
+                payload = body(prompt=prompt, max_tokens=BUDGET, seed=SEED)
+                [choice] = (await client.post(COMPLETION, json=payload)).json()["choices"]
+                got.append(choice["text"])
+            else:
+                done = await client.complete(model=MODEL, prompt=prompt, max_tokens=BUDGET, seed=SEED)
+                got.append(render_text(done.choices[0].tokens.tolist()))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await aborting.stats.wait_for(lambda s: s.running == 1)
+            client.engines.add(survivor.url)
+            await trio.sleep(0.45)
+            async with httpx.AsyncClient() as http:
+                answer = await http.post(aborting.url + "/abort_requests", json={})
+                assert answer.json()["aborted"] == 1
+        tokens, k = expected(prompt, survivor)
+        assert 0 < k < BUDGET and got == [render_text(tokens)]
+        assert survivor.stats.by_path[COMPLETION] == 1
+        assert client.statistics().migrations == {(COMPLETION, "engine_abort"): 1}

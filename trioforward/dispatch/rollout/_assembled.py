@@ -25,14 +25,15 @@ from trioforward.dispatch.dialects._events import COMPLETIONS
 from trioforward.dispatch.rollout._continue import Generation
 from trioforward.dispatch.rollout._continue_answer import continued_answer
 from trioforward.dispatch.rollout._continue_substream import events_end, payload, split
-from trioforward.dispatch.rollout._migration import migrating
+from trioforward.dispatch.rollout._continue_tokens import aborted_tokens, continued_tokens
+from trioforward.dispatch.rollout._migration import ENGINE_ABORT, migrating
 from trioforward.errors import UpstreamBroken
 from trioforward.http import PoolError
 
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
 
-__all__ = ["assembles", "assembled", "migrated_answer"]
+__all__ = ["assembles", "assembled", "migrated_answer", "migrated_tokens"]
 
 _HEAD = ("id", "object", "created", "model")
 _JSON = (b"content-type", b"application/json")
@@ -154,3 +155,16 @@ async def migrated_answer(
     if not migrating(dispatcher, req, reply.engine.url, req.weight_version, tokens, reason):
         return None
     return await continued_answer(dispatcher, req, reply)
+
+
+async def migrated_tokens(dispatcher: Dispatcher, req: Request, reply: Reply) -> Reply | None:
+    """Token-level ``req``'s answer ``reply`` (``client.complete()``, Tinker
+    samples), which its engine ended with an abort of its own, continued on
+    another engine through the dialect seam; ``None`` when it does not migrate."""
+    done = aborted_tokens(req, reply)
+    if done is None:
+        return None
+    tokens = sum(len(c.tokens) for c in done.choices if c.finish_reason == "abort")
+    if not migrating(dispatcher, req, reply.engine.url, req.weight_version, tokens, ENGINE_ABORT):
+        return None
+    return await continued_tokens(dispatcher, req, reply, done)

@@ -14,7 +14,12 @@ from trioforward._background import open_background_nursery
 from trioforward.dispatch.attempts._dispatch import Dispatcher
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
-from trioforward.dispatch.rollout._assembled import assembled, assembles, migrated_answer
+from trioforward.dispatch.rollout._assembled import (
+    assembled,
+    assembles,
+    migrated_answer,
+    migrated_tokens,
+)
 from trioforward.dispatch.rollout._continue import (
     CONTINUABLE_PATH,
     CONTINUE,
@@ -72,9 +77,12 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
             if broken is not None or _engine_abort(dispatcher, req, reply):
                 # Its engine failed it mid-answer: on elsewhere (_migration.py), or
                 # the error / the engine's answer as before.
-                moved = await migrated_answer(
-                    dispatcher, req, reply, ENGINE_ABORT if broken is None else BROKEN
-                )
+                if hasattr(req.render, "parse"):  # token-level: read by its dialect
+                    moved = await migrated_tokens(dispatcher, req, reply)
+                else:
+                    moved = await migrated_answer(
+                        dispatcher, req, reply, ENGINE_ABORT if broken is None else BROKEN
+                    )
                 if moved is not None:
                     return moved
                 if broken is not None:
@@ -116,13 +124,13 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
 
 def _engine_abort(dispatcher: Dispatcher, req: Request, reply: Reply) -> bool:
     """``reply`` is an abort answer the engine gave on its own (no pause of the
-    gateway, no abort call asked for it) to a ``/v1/completions`` request whose
-    token ids the gateway reads, and migration is on."""
+    gateway, no abort call asked for it) to a token-level request or a
+    ``/v1/completions`` request whose token ids the gateway reads, and migration
+    is on."""
     return (
         req.replay is None
         and not req.aborted_by_call
-        and req.asked_ids
-        and req.url_path == CONTINUABLE_PATH
+        and (hasattr(req.render, "parse") or (req.asked_ids and req.url_path == CONTINUABLE_PATH))
         and dispatcher.settings.max_migrations > 0
         and is_abort_answer(reply.content)
     )
