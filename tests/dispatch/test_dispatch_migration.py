@@ -10,7 +10,7 @@ import orjson
 import pytest
 import trio
 import trio.testing
-from dispatch_testing import COMPLETION, body, client_for
+from dispatch_testing import COMPLETION, body, client_for, completions
 
 from trioforward.errors import UpstreamBroken
 from trioforward.sim import SimEngine, expected_completion, open_engine, render_text
@@ -218,3 +218,36 @@ async def test_an_abort_the_engine_made_on_its_own_migrates(
         assert 0 < k < BUDGET and got == [render_text(tokens)]
         assert survivor.stats.by_path[COMPLETION] == 1
         assert client.statistics().migrations == {(COMPLETION, "engine_abort"): 1}
+
+
+async def test_a_stream_on_an_engine_health_ejects_migrates(
+    fd_baseline: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The engine stops answering its health probes (a restart behind the same
+    address, a hang) while its stream's connection stays open: the ejection cuts
+    the stream, and it goes on on the other engine."""
+    async with (
+        open_engine(decode_ms_per_token=400) as failing,
+        open_engine(decode_ms_per_token=100) as survivor,
+        client_for(failing, health_interval=1.0, health_failures=1) as client,
+    ):
+        prompt = prompt_of(0)
+        chunks: list[bytes] = []
+        payload = body(prompt=prompt, max_tokens=BUDGET, seed=SEED, stream=True)
+
+        async def read() -> None:
+            async with client.stream(COMPLETION, json=payload) as fs:
+                async for chunk in fs.aiter_bytes():
+                    chunks.append(chunk)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await failing.stats.wait_for(lambda s: s.running == 1)
+            client.engines.add(survivor.url)
+            await trio.sleep(0.5)
+            failing.faults.health_status = 503  # ejected at its next probe
+        text = "".join(c["text"] for e in events_of(b"".join(chunks)) for c in e["choices"])
+        tokens, k = expected(prompt, survivor)
+        assert 0 < k < BUDGET and text == render_text(tokens)
+        assert completions(failing) == 1 and completions(survivor) == 1
+        assert client.statistics().migrations == {(COMPLETION, "broken"): 1}

@@ -31,7 +31,7 @@ from trioforward.dispatch.engines._engines import Engine
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
 
-__all__ = ["BROKEN", "ENGINE_ABORT", "migrating", "avoiding"]
+__all__ = ["BROKEN", "ENGINE_ABORT", "migrating", "avoiding", "cut_streams"]
 
 log = logging.getLogger("trioforward.dispatch")
 
@@ -100,3 +100,19 @@ def avoiding(req: Request) -> Callable[[Engine], bool] | None:
     if only is None:
         return lambda engine: engine.url not in shunned
     return lambda engine: engine.url not in shunned and only(engine)
+
+
+def cut_streams(engine: Engine) -> int:
+    """Cut every stream handed to its caller that runs on ``engine``, which health
+    ejected (dead, hung or restarting: its connections may stay open): each read
+    ends as if the engine had closed it, and the stream migrates from the tokens
+    relayed (an abort call's stream is left to it). Returns how many were cut."""
+    count = 0
+    for req in list(engine.calls):
+        body = req.stream_body
+        if body is not None and req.handed_over and not req.aborted_by_call:
+            body.cut()
+            count += 1
+    if count:
+        log.info("engine %s ejected: %d stream(s) on it cut to migrate", engine.url, count)
+    return count
