@@ -33,25 +33,31 @@ from trioforward.http import PoolError
 if TYPE_CHECKING:
     from trioforward.dispatch.attempts._dispatch import Dispatcher
 
-__all__ = ["assembles", "assembled", "migrated_answer", "migrated_tokens"]
+__all__ = ["ids_asked", "assembles", "assembled", "migrated_answer", "migrated_tokens"]
 
 _HEAD = ("id", "object", "created", "model")
 _JSON = (b"content-type", b"application/json")
+_ASKED = (b'"return_token_ids":true', b'"return_token_ids": true')
+
+
+def ids_asked(req: Request) -> bool:
+    """``req``'s body asks the engine for token ids (the gateway asked, or its caller)."""
+    return req.asked_ids or any(asked in req.content for asked in _ASKED)
 
 
 def assembles(dispatcher: Dispatcher, req: Request) -> bool:
     """Whether ``req`` is sent as a stream and assembled: ``assemble_answers`` is
     on, migration too, and ``req`` is a route's own ``/v1/completions`` request
-    for a whole answer whose token ids the gateway reads (``req.asked_ids``)."""
+    for a whole answer whose token ids the engine sends (:func:`ids_asked`)."""
     settings = dispatcher.settings
     return (
         settings.assemble_answers
         and settings.max_migrations > 0
-        and req.asked_ids
         and req.render is None
         and req.url_path == COMPLETIONS
         and b'"stream":true' not in req.content
         and b'"stream": true' not in req.content
+        and ids_asked(req)
     )
 
 

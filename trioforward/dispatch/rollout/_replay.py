@@ -17,6 +17,7 @@ from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.rollout._assembled import (
     assembled,
     assembles,
+    ids_asked,
     migrated_answer,
     migrated_tokens,
 )
@@ -130,7 +131,7 @@ def _engine_abort(dispatcher: Dispatcher, req: Request, reply: Reply) -> bool:
     return (
         req.replay is None
         and not req.aborted_by_call
-        and (hasattr(req.render, "parse") or (req.asked_ids and req.url_path == CONTINUABLE_PATH))
+        and (hasattr(req.render, "parse") or (req.url_path == CONTINUABLE_PATH and ids_asked(req)))
         and dispatcher.settings.max_migrations > 0
         and is_abort_answer(reply.content)
     )
