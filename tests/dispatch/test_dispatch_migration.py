@@ -120,6 +120,8 @@ async def test_an_engine_that_dies_mid_decode_loses_no_generation(
             assert choice["finish_reason"] == "length" and choice["token_ids"] is None
             assert choice["weight_versions"] == [{"version": "v1", "start": 0, "end": BUDGET}]
             assert reply.attempts == 2
+            assert reply.json()["usage"]["prompt_tokens"] == len(prompt_of(i))
+            assert reply.json()["usage"]["completion_tokens"] == BUDGET
             delivered += BUDGET
         # Engine side: each generation reached the dead engine once and the survivor
         # once (its continuation), and decoding cost at most 5 % over what was delivered.

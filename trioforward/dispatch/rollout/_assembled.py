@@ -134,6 +134,14 @@ def _whole(data: bytes, version: str | None, broken: bool) -> bytes | None:
         out = gen.rendered(index, True)
         del out["weight_versions"]  # as the engine's whole answer: the gateway adds its own
         choices.append(out)
+    if usage is None and gens:  # broken off before the usage chunk: counted here
+        prompt = len(gens[min(gens)].prompt)
+        completion = sum(len(g.tokens) for g in gens.values())
+        usage = {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
+            "completion_tokens": completion,
+        }
     try:
         return orjson.dumps({**head, "choices": choices, "usage": usage})
     except TypeError:
