@@ -65,34 +65,31 @@ async def continuing_events(
         spans = StreamSpans(req, dispatcher)
     held: list[bytes] = []
     partial = b""
-    try:
-        async for chunk in source:
-            data = partial + chunk if partial else chunk
-            end = events_end(data)
-            partial = data[end:]
-            if not end:
+    broken: list[UpstreamBroken] = []  # its engine failed mid-stream (_migration.py)
+    async for chunk in _until_broken(source, broken):
+        data = partial + chunk if partial else chunk
+        end = events_end(data)
+        partial = data[end:]
+        if not end:
+            continue
+        block = data[:end]
+        if held:
+            held.append(block)
+            continue
+        if req.replay == CONTINUE and any(a in block for a in _ABORTS):
+            events = split(block)
+            first = next(i for i, e in enumerate(events) if any(a in e for a in _ABORTS))
+            block = b"".join(events[:first])
+            held.extend(events[first:])
+            if not block:
                 continue
-            block = data[:end]
-            if held:
-                held.append(block)
-                continue
-            if req.replay == CONTINUE and any(a in block for a in _ABORTS):
-                events = split(block)
-                first = next(i for i, e in enumerate(events) if any(a in e for a in _ABORTS))
-                block = b"".join(events[:first])
-                held.extend(events[first:])
-                if not block:
-                    continue
-            seen.add(block)
-            seen.relayed = True
-            if spans is not None:
-                block = spans.block(block)
-            yield hide_token_ids(block) if req.asked_ids else block
-    except UpstreamBroken as exc:
-        # Its engine failed mid-stream: on elsewhere from the tokens relayed
-        # (an unfinished event's are not), or the error as before (_migration.py).
-        if held or not _cut_short(dispatcher, req, seen, exc):
-            raise
+        seen.add(block)
+        seen.relayed = True
+        if spans is not None:
+            block = spans.block(block)
+        yield hide_token_ids(block) if req.asked_ids else block
+    if broken and (held or not _cut_short(dispatcher, req, seen, broken[0])):
+        raise broken[0]  # no migration: the error as before
     if not held and not seen.cut:
         if partial and not req.aborted_by_call:  # an abort call's cut: dropped
             yield partial  # the engine ended it so: its own
@@ -218,6 +215,18 @@ async def _continued(
 #: Bytes of relayed events a stream keeps before folding them into token lists
 #: (what a continuation needs), so a long stream's memory stays bounded.
 FOLD_BYTES = 1 << 20
+
+
+async def _until_broken(
+    source: AsyncIterator[bytes], broken: list[UpstreamBroken]
+) -> AsyncIterator[bytes]:
+    """``source``'s chunks until its end, or until its engine broke it off (the
+    error goes in ``broken``: the tokens relayed so far may migrate)."""
+    try:
+        async for chunk in source:
+            yield chunk
+    except UpstreamBroken as exc:
+        broken.append(exc)
 
 
 def _cut_short(dispatcher: Dispatcher, req: Request, seen: _Seen, error: UpstreamBroken) -> bool:
