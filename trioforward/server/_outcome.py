@@ -40,6 +40,7 @@ class Outcome:
         "method",
         "status",
         "engine",
+        "engines",
         "attempts",
         "queue_time",
         "engine_time",
@@ -58,6 +59,9 @@ class Outcome:
         self.method = method  # a GET answered 405 is logged as a GET
         self.status = 500
         self.engine: str | None = None
+        # Every engine it reached, in order, once it reached more than one (a retry
+        # on another engine, a migration: docs/operations.md, "Migration").
+        self.engines: list[str] | None = None
         self.attempts = 0
         self.queue_time = 0.0
         self.engine_time: float | None = None
@@ -78,6 +82,11 @@ class Outcome:
 
     def dispatching(self, engine: str, attempts: int, queue_time: float) -> None:
         """An attempt starts (``Client.post``'s ``on_dispatch``)."""
+        if self.engine is not None and engine != self.engine:
+            if self.engines is None:
+                self.engines = [self.engine]
+            if engine not in self.engines:
+                self.engines.append(engine)
         self.engine, self.attempts, self.queue_time = engine, attempts, queue_time
 
     def until(self, started: float) -> None:
@@ -119,7 +128,7 @@ class Outcome:
             )
         if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(
-                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs id=%s%s%s%s",
+                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs id=%s%s%s%s%s",
                 self.method,
                 self.route,
                 self.status,
@@ -131,4 +140,5 @@ class Outcome:
                 f" error={self.error}" if self.error else "",
                 f" version={self.version.replace(' ', '')}" if self.version else "",
                 f" group={self.group}" if self.group else "",
+                f" engines={','.join(self.engines)}" if self.engines else "",
             )

@@ -65,7 +65,9 @@ class ClientStatistics:
     gateway keeps loaded there (least recently used first, at most
     ``max_loaded_adapters``); ``adapters_registered``: how many are registered; ``pool``:
     the forwarding pool's own statistics; ``tenants``: tenant name ->
-    :class:`~trioforward.dispatch.TenantStatistics` (every tenant of the table).
+    :class:`~trioforward.dispatch.TenantStatistics` (every tenant of the table);
+    ``migrations``: generations moved to another engine after theirs failed
+    mid-answer, by ``(route, reason)`` (docs/operations.md, "Migration").
     """
 
     requests_total: int
@@ -79,3 +81,4 @@ class ClientStatistics:
     adapters_registered: int
     pool: PoolStatistics
     tenants: dict[str, TenantStatistics] = field(default_factory=dict)
+    migrations: dict[tuple[str, str], int] = field(default_factory=dict)
