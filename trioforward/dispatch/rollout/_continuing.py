@@ -157,14 +157,17 @@ async def continue_each(
     """Run ``one(item, failure)`` for every item at once.
 
     Returns the first refusal ``one`` put in ``failure`` (the caller answers
-    with it), or None when every item ended. Raises the first
-    :class:`TrioforwardError` an item raised, after cancelling the others."""
+    with it; the other items are cancelled), or None when every item ended.
+    Raises the first :class:`TrioforwardError` an item raised, after cancelling
+    the others."""
     failure: list[Reply] = []
     errors: list[TrioforwardError] = []
 
     async def run(item: T) -> None:
         try:
             await one(item, failure)
+            if failure:
+                nursery.cancel_scope.cancel()  # the answer is that refusal: the rest ends
         except TrioforwardError as exc:
             errors.append(exc)
             nursery.cancel_scope.cancel()
