@@ -92,6 +92,8 @@ class Settings:
     abort_grace: float = _knob(1.0, "after an abort call (POST /admin/abort) asked an engine to end a request, time the engine gets to answer it with its partial output before the gateway closes the connection (docs/operations.md)", "s")
     abort_answer_grace: float = _knob(2.0, "after the engines answered an abort pause with replay \"continue\", time their abort answers (200 with the tokens so far) get to arrive before the gateway closes what is still open, which is then replayed whole (docs/operations.md)", "s")
     max_continuations: int = _knob(8, "times one generation is continued after abort pauses with replay \"continue\" (docs/operations.md); beyond, its caller gets 503 aborted", "continuations")
+    max_migrations: int = _knob(2, "times one generation moves to another engine after its engine failed mid-answer (connection broken, an engine abort no pause asked for), going on from the tokens it had on an engine of the same weight version (docs/operations.md, \"Migration\"); 0 = never: its caller gets 502 upstream_broken", "migrations")
+    assemble_answers: bool = _knob(False, "ask the engine for a stream when a caller wants a whole /v1/completions answer, and assemble the answer, so the tokens of an answer its engine broke off are known and it migrates (docs/operations.md, \"Migration\")", "")
     max_outstanding: int = _knob(262144, "requests outstanding (queued + running), and unfinished Tinker samples, beyond which new ones get 429; 0 = unlimited; formerly max_queued", "requests")
 
     # --- gateway server -------------------------------------------------------

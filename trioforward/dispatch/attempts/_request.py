@@ -199,6 +199,8 @@ class Request:
         "left",
         "stream_body",
         "tasks",
+        "migrations",
+        "shunned",
     )
 
     def __init__(
@@ -295,6 +297,11 @@ class Request:
         # A stream's nursery while its block is open (_replay.replaying_stream):
         # where a continuation after an abort pause runs its sub-streams.
         self.tasks: trio.Nursery | None = None
+        # Moved to another engine after its engine failed mid-answer
+        # (dispatch/rollout/_migration.py): how many times, and the engines
+        # (URLs) its continuations stay off.
+        self.migrations = 0
+        self.shunned: tuple[str, ...] = ()
 
     def abort(self, reason: str) -> None:
         """Cancel this request from outside (pause ``mode="abort"``, engine removal)."""

@@ -269,6 +269,20 @@ class RequestTrace:
         finally:
             span.end()
 
+    def migrated(self, engine: str, reason: str, tokens: int) -> None:
+        """``engine`` failed the request for ``reason`` after ``tokens`` tokens and it
+        moves to another engine (docs/operations.md, "Migration"): a
+        ``trioforward.migration`` event on the request's span; the segments after it
+        are its continuations' spans, each attempt naming its engine."""
+        self.span.add_event(
+            "trioforward.migration",
+            {
+                "trioforward.engine": engine,
+                "trioforward.migration_reason": reason,
+                "trioforward.tokens_kept": tokens,
+            },
+        )
+
     # -- replay -------------------------------------------------------------------
 
     def replay(self, reason: str | None) -> None:

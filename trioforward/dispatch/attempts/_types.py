@@ -75,7 +75,9 @@ class ClientStatistics:
     :class:`~trioforward.dispatch.TenantStatistics` (every tenant of the table);
     ``session_moves``: sessions routing moved off an overloaded or saturated
     engine; ``sessions_routed``: sessions whose engine routing remembers now
-    (docs/dispatch.md, "Sessions that move").
+    (docs/dispatch.md, "Sessions that move");
+    ``migrations``: generations moved to another engine after theirs failed
+    mid-answer, by ``(route, reason)`` (docs/operations.md, "Migration").
     """
 
     requests_total: int
@@ -91,3 +93,4 @@ class ClientStatistics:
     tenants: dict[str, TenantStatistics] = field(default_factory=dict)
     session_moves: int = 0
     sessions_routed: int = 0
+    migrations: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -34,6 +34,7 @@ from trioforward.dispatch.engines._tenants import TenantTable
 from trioforward.dispatch.rollout._abort import AbortCounts, Aborts
 from trioforward.dispatch.rollout._admission import Admission, StalenessBound
 from trioforward.dispatch.rollout._engine_control import EngineControl
+from trioforward.dispatch.rollout._migration import cut_streams
 from trioforward.dispatch.rollout._versions import VersionGate
 from trioforward.dispatch.rollout._weights import WeightUpdates
 from trioforward.errors import TrioforwardError
@@ -109,9 +110,16 @@ class Client(PauseGate, Sampling):
         self._session_routing = settings.routing in ("session", "prefix")
         self._prefix_routing = settings.routing == "prefix"
         self.engines = Engines(self._registry, self._engine_added)
-        if settings.health_interval <= 0:
+        self._registry.on_eject = self._ejected
+
+    def _ejected(self, engine: Engine) -> None:
+        """``engine`` was ejected: the streams on it migrate (docs/operations.md,
+        "Migration"); with probes off, it is re-admitted later."""
+        if self.settings.max_migrations > 0:
+            cut_streams(engine)
+        if self.settings.health_interval <= 0:
             # No probes to re-admit an ejected engine: an ejection must be temporary.
-            self._registry.on_eject = self._readmit_later
+            self._readmit_later(engine)
 
     def _readmit_later(self, engine: Engine) -> None:
         """Re-admit ``engine`` on trial after a back-off (1 s, doubling per ejection
@@ -279,6 +287,7 @@ class Client(PauseGate, Sampling):
             tenants={t.name: t.statistics() for t in self.tenants},
             session_moves=sessions.moves if sessions is not None else 0,
             sessions_routed=len(sessions) if sessions is not None else 0,
+            migrations=dict(d.continued.migrations),
         )
 
 

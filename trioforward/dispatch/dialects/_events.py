@@ -193,6 +193,11 @@ class Events:
         """The request can be continued (its budget and prompt ids can be known)."""
         return True
 
+    def count(self) -> int:
+        """How many choices the stream has (the caller's ``n``)."""
+        n = self.body.get("n", 1)
+        return n if type(n) is int and n > 0 else 1
+
     def budget(self, index: int) -> Any:
         """Choice ``index``'s token budget: an int, ``None`` (no limit) or :data:`UNSET`."""
         budget = self.body.get("max_tokens")

@@ -175,9 +175,12 @@ class _Native(Events):
     def continuable(self) -> bool:
         return bool(self.known_prompt(0))
 
+    def count(self) -> int:
+        return self.prompts() * self.n()
+
     def whole(self, doc: Any) -> list[tuple[int, list[int], dict[str, Any]]] | str:
         choices = self.choices(doc)
-        if not self.continuable() or len(choices) != self.prompts() * self.n():
+        if not self.continuable() or len(choices) != self.count():
             return "ids"
         out = []
         for k, raw in enumerate(choices):

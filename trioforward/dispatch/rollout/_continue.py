@@ -30,7 +30,8 @@ from trioforward.dispatch.attempts._counts import ContinueCounts
 from trioforward.dispatch.attempts._identity import with_rid
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects._events import DEFAULT_MAX_TOKENS
-from trioforward.dispatch.dialects._routes import NATIVE_PATHS, SGLANG
+from trioforward.dispatch.dialects._routes import SGLANG
+from trioforward.dispatch.rollout._migration import avoiding
 
 __all__ = [
     "CONTINUE",
@@ -314,8 +315,8 @@ def derived(req: Request, content: bytes, path: str | None = None) -> Request:
         tenant=req.tenant,
     )
     sub.on_dispatch = req.on_dispatch
-    if sub.url_path in NATIVE_PATHS:  # the engines' own routes: the caller's engines
-        sub.only = req.only
+    # The caller's engines, never back on one that failed it (_migration.py).
+    sub.only = avoiding(req)
     if sub.url_path == SGLANG:  # with a fresh rid per attempt
         sub.render = lambda engine, engine_id: (SGLANG, with_rid(content, engine_id))
     sub.accepts = req.accepts  # its weight policy holds for every segment

@@ -47,8 +47,9 @@ from trioforward.dispatch.rollout._continue import (
 )
 from trioforward.dispatch.rollout._continue_whole import Shaped
 from trioforward.dispatch.rollout._continuing import absorb, continue_each, continue_piece
+from trioforward.dispatch.rollout._migration import BROKEN, migrating, until_broken
 from trioforward.dispatch.rollout._stream_spans import StreamSpans
-from trioforward.errors import DispatchAborted, TrioforwardError
+from trioforward.errors import DispatchAborted, TrioforwardError, UpstreamBroken
 from trioforward.http import PoolError
 
 if TYPE_CHECKING:
@@ -77,7 +78,8 @@ async def continuing_events(
     last_only = req.url_path == SGLANG  # each event has every token so far
     held: list[bytes] = []
     partial = b""
-    async for chunk in source:
+    broken: list[UpstreamBroken] = []  # its engine failed mid-stream (_migration.py)
+    async for chunk in until_broken(source, broken):
         data = partial + chunk if partial else chunk
         end = events_end(data)
         partial = data[end:]
@@ -101,7 +103,9 @@ async def continuing_events(
         if req.token_strings:
             block = token_strings(block, True)
         yield hide_token_ids(block) if req.asked_ids else block
-    if not held:
+    if broken and (held or not _cut_short(dispatcher, req, seen, broken[0])):
+        raise broken[0]  # no migration: the error as before
+    if not held and not seen.cut:
         if partial and not req.aborted_by_call:  # an abort call's cut: dropped
             yield partial  # the engine ended it so: its own
         return
@@ -285,12 +289,36 @@ class _Streamed(Shaped):
 FOLD_BYTES = 1 << 20
 
 
+def _cut_short(dispatcher: Dispatcher, req: Request, seen: _Seen, error: UpstreamBroken) -> bool:
+    """Whether a stream whose engine failed with ``error`` migrates: its choices
+    relayed so far (every choice had an event, with token ids, and the stream
+    can be continued) end here as an abort pause would end them (``seen.cut``),
+    counted by :func:`~._migration.migrating`."""
+    try:
+        shape = seen.shaped()
+    except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError):
+        return False
+    seen.fold()
+    if seen.broken or not shape.continuable() or len(seen.gens) != shape.count():
+        return False
+    going = [g for g in seen.gens.values() if g.finish is None]
+    tokens = sum(len(g.tokens) for g in going)
+    if not going or not migrating(dispatcher, req, error.engine, req.weight_version, tokens, BROKEN):
+        return False
+    for g in going:
+        g.finish = "abort"
+    seen.cut = True
+    return True
+
+
 class _Seen:
     """The events a stream relayed: raw until :data:`FOLD_BYTES`, then parsed into
-    per-choice :class:`Generation` state (``broken``: a chunk had no token ids)."""
+    per-choice :class:`Generation` state (``broken``: a chunk had no token ids;
+    ``cut``: its engine failed and it migrates)."""
 
     __slots__ = (
         "req", "blocks", "size", "gens", "head", "usage", "broken", "shape", "relayed", "state",
+        "cut",
     )  # fmt: skip
 
     def __init__(self, req: Request) -> None:
@@ -304,6 +332,7 @@ class _Seen:
         self.shape: Events | None = None  # the caller's stream shape, read on first use
         self.relayed = False  # an event went to the caller
         self.state: dict[int, Any] = {}  # the shape's reading state of this stream
+        self.cut = False  # its engine failed: it migrates (_cut_short)
 
     def shaped(self) -> Events:
         if self.shape is None:

@@ -18,6 +18,7 @@ from trioforward import Phase
 from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.rollout._continue import is_length_refusal, warn_no_token_ids
+from trioforward.dispatch.rollout._migration import BROKEN, ENGINE_ABORT, migrating
 from trioforward.errors import ContinuationLimit, DispatchAborted, TrioforwardError, UpstreamBroken
 
 if TYPE_CHECKING:
@@ -111,7 +112,9 @@ async def continue_piece(
             return
         if sub.replay is False:
             raise req.stamp(sub.aborted())  # a pause without replay ended it
-        if sub.replay is None:
+        if sub.replay is None and not migrating(
+            dispatcher, req, answer.engine.url, sub.weight_version, len(piece.tokens), ENGINE_ABORT
+        ):
             return await step.end(piece, None)  # an abort answer of another cause: the caller's
         counts.tokens_kept += len(piece.tokens) - before
 
@@ -214,11 +217,15 @@ async def send_continuation(
             answer = await req.trace.continuation(
                 sub, piece.continuations, len(piece.tokens), step.send(dispatcher, sub, piece)
             )
-    except (DispatchAborted, UpstreamBroken):
+    except (DispatchAborted, UpstreamBroken) as exc:
         absorb(req, sub)
-        if not sub.replay:
-            raise
-        return None
+        if sub.replay:
+            return None
+        if isinstance(exc, UpstreamBroken) and migrating(
+            dispatcher, req, exc.engine, sub.weight_version, len(piece.tokens), BROKEN
+        ):
+            return None  # its engine failed: on from the tokens before it, elsewhere
+        raise
     absorb(req, sub)
     return answer
 

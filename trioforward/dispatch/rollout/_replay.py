@@ -16,9 +16,17 @@ from trioforward.dispatch.attempts._outcome import Reply
 from trioforward.dispatch.attempts._request import Request
 from trioforward.dispatch.dialects._events import ABORTS, CHAT, COMPLETIONS
 from trioforward.dispatch.dialects._routes import CONTINUED, VLLM, token_strings
+from trioforward.dispatch.rollout._assembled import (
+    assembled,
+    assembles,
+    ids_asked,
+    migrated_answer,
+    migrated_tokens,
+)
 from trioforward.dispatch.rollout._continue import CONTINUE, hide_token_ids, spanned, with_span
 from trioforward.dispatch.rollout._continue_tokens import aborted_tokens, continued_tokens
 from trioforward.dispatch.rollout._continue_whole import continued_answer
+from trioforward.dispatch.rollout._migration import BROKEN, ENGINE_ABORT
 from trioforward.errors import DispatchAborted, UpstreamBroken
 
 __all__ = ["is_abort_answer", "replaying_request", "replaying_stream"]
@@ -42,12 +50,29 @@ async def replaying_request(dispatcher: Dispatcher, req: Request) -> Reply:
 async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
     crossed = False  # replayed whole after a continue pause: the answer gets its span
     while True:
+        broken = None  # the error that broke an assembled answer off (_assembled.py)
         try:
-            reply = await dispatcher.request(req)
+            if assembles(dispatcher, req):
+                reply, broken = await assembled(dispatcher, req)
+            else:
+                reply = await dispatcher.request(req)
         except (DispatchAborted, UpstreamBroken):
             if not req.replay or req.aborted_by_call:
                 raise
         else:
+            if broken is not None or _engine_abort(dispatcher, req, reply):
+                # Its engine failed it mid-answer: on elsewhere (_migration.py), or
+                # the error / the engine's answer as before.
+                if hasattr(req.render, "parse"):  # token-level: read by its dialect
+                    moved = await migrated_tokens(dispatcher, req, reply)
+                else:
+                    moved = await migrated_answer(
+                        dispatcher, req, reply, ENGINE_ABORT if broken is None else BROKEN
+                    )
+                if moved is not None:
+                    return moved
+                if broken is not None:
+                    raise broken
             # Aborted by an abort call (_abort.py): the engine's abort answer is
             # the caller's, never replayed or continued.
             if req.replay is None or req.aborted_by_call:
@@ -78,6 +103,20 @@ async def _replaying(dispatcher: Dispatcher, req: Request) -> Reply:
         if req.trace is not None:
             req.trace.replay(req.abort_reason)
         req.rearm()
+
+
+def _engine_abort(dispatcher: Dispatcher, req: Request, reply: Reply) -> bool:
+    """``reply`` is an abort answer the engine gave on its own (no pause of the
+    gateway, no abort call asked for it) to a token-level request or a
+    ``/v1/completions`` request whose token ids the gateway reads, and migration
+    is on."""
+    return (
+        req.replay is None
+        and not req.aborted_by_call
+        and (hasattr(req.render, "parse") or (req.url_path == COMPLETIONS and ids_asked(req)))
+        and dispatcher.settings.max_migrations > 0
+        and is_abort_answer(reply.content)
+    )
 
 
 def _shown(req: Request, reply: Reply, crossed: bool, current: str | None) -> Reply:

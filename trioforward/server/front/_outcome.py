@@ -40,6 +40,7 @@ class Outcome:
         "method",
         "status",
         "engine",
+        "engines",
         "attempts",
         "queue_time",
         "engine_time",
@@ -60,6 +61,9 @@ class Outcome:
         self.method = method  # a GET answered 405 is logged as a GET
         self.status = 500
         self.engine: str | None = None
+        # Every engine it reached, in order, once it reached more than one (a retry
+        # on another engine, a migration: docs/operations.md, "Migration").
+        self.engines: list[str] | None = None
         self.attempts = 0
         self.queue_time = 0.0
         self.engine_time: float | None = None
@@ -82,6 +86,11 @@ class Outcome:
 
     def dispatching(self, engine: str, attempts: int, queue_time: float) -> None:
         """An attempt starts (``Client.post``'s ``on_dispatch``)."""
+        if self.engine is not None and engine != self.engine:
+            if self.engines is None:
+                self.engines = [self.engine]
+            if engine not in self.engines:
+                self.engines.append(engine)
         self.engine, self.attempts, self.queue_time = engine, attempts, queue_time
 
     def until(self, started: float) -> None:
@@ -138,4 +147,5 @@ class Outcome:
                 f" version={self.version.replace(' ', '')}" if self.version else "",
                 f" group={self.group}" if self.group else "",
                 f" admission={self.admission_time:.3f}s" if self.admission_time > 0 else "",
+                f" engines={','.join(self.engines)}" if self.engines else "",
             )

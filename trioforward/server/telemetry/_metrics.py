@@ -312,6 +312,14 @@ class _ClientCollector:
         for (phase, reason), count in sorted(stats.retries.items(), key=str):
             retries.add_metric([str(phase), str(reason)], count)
         yield retries
+        migrations = CounterMetricFamily(
+            "trioforward_migrations",
+            "Generations moved to another engine after theirs failed mid-answer, by route and reason",
+            labels=["route", "reason"],
+        )
+        for (route, reason), count in sorted(stats.migrations.items()):
+            migrations.add_metric([route, reason], count)
+        yield migrations
         responses = CounterMetricFamily(
             "trioforward_engine_responses",
             "Engine answers by engine and HTTP status",
