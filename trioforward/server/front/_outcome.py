@@ -134,7 +134,7 @@ class Outcome:
             )
         if state.settings.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(
-                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs id=%s%s%s%s%s",
+                "%s %s %d engine=%s attempts=%d queue=%.3fs engine_time=%.3fs id=%s%s%s%s%s%s",
                 self.method,
                 self.route,
                 self.status,
