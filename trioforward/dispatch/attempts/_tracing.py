@@ -274,14 +274,8 @@ class RequestTrace:
         moves to another engine (docs/operations.md, "Migration"): a
         ``trioforward.migration`` event on the request's span; the segments after it
         are its continuations' spans, each attempt naming its engine."""
-        self.span.add_event(
-            "trioforward.migration",
-            {
-                "trioforward.engine": engine,
-                "trioforward.migration_reason": reason,
-                "trioforward.tokens_kept": tokens,
-            },
-        )
+        attributes = {"trioforward.engine": engine, "trioforward.migration_reason": reason}
+        self.span.add_event("trioforward.migration", {**attributes, "trioforward.tokens_kept": tokens})
 
     # -- replay -------------------------------------------------------------------
 
