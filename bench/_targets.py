@@ -33,6 +33,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -138,12 +139,16 @@ def wait_serving(url: str, engines: list[str], proc: subprocess.Popen[bytes], ti
     raise RuntimeError(f"{url} did not reach every engine within {timeout} s")
 
 
-def start_engines(n: int, procs: list[subprocess.Popen[bytes]]) -> list[str]:
-    """``n`` instant simulated engines on 127.0.0.1; returns their URLs."""
+def start_engines(
+    n: int, procs: list[subprocess.Popen[bytes]], argv: Callable[[int], list[str]] | None = None
+) -> list[str]:
+    """``n`` simulated engines on 127.0.0.1, started by ``argv(port)`` (default: an
+    instant sim), each healthy before it returns; returns their URLs."""
     urls = []
     for _ in range(n):
         port = free_port("127.0.0.1")
-        proc = spawn([sys.executable, "-c", CLI, "sim-engine", "--port", str(port)])
+        command = argv(port) if argv is not None else [sys.executable, "-c", CLI, "sim-engine", "--port", str(port)]
+        proc = spawn(command)
         procs.append(proc)
         urls.append(f"http://127.0.0.1:{port}")
     for url, proc in zip(urls, procs[-n:], strict=True):

@@ -175,13 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     took = time.perf_counter()
     load = round(os.getloadavg()[0], 2)
     try:
-        engines = []
-        for _ in range(args.engines):
-            port = targets.free_port("127.0.0.1")
-            procs.append(targets.spawn(_engine_argv(port, args)))
-            engines.append(f"http://127.0.0.1:{port}")
-        for url, proc in zip(engines, procs, strict=True):
-            targets.wait_health(url, proc)
+        engines = targets.start_engines(args.engines, procs, lambda port: _engine_argv(port, args))
         for r in range(args.repeats):
             for mode in (MODES if r % 2 == 0 else MODES[::-1]):  # alternated
                 for url in engines:  # a cold prefix cache for every run
