@@ -22,7 +22,21 @@ at when it consumes it minus the index the rollout started under) as a
 histogram, its mean, p90 and max, and the answers' own ``X-Weight-Staleness``
 (versions behind at their end). Medians over repeats.
 
-    python bench/async_rl_staleness.py            # <= 2 minutes here
+Then the engine-kill cases (``--cases kill`` alone; ``bench/_rl_kill.py``), in
+the ``bounded`` mode: the first engine is SIGKILLed once it has decoded half
+its share of a step's tokens in step 0 (a token count read from its ``GET
+/sim/stats``, not a timer), with ``max_migrations`` at its default 2
+(``kill_migrate``) and at 0 (``kill_no_migration``, the 502 of before); both
+with ``assemble_answers`` on, so a whole ``/v1/completions`` answer broken off
+has tokens to migrate from (docs/operations.md, "Migration"). Per case:
+makespan, rollouts completed / failed, tokens decoded (the survivors' plus what
+the victim had decoded at the read that triggered its kill: a lower bound by at
+most what it decoded in between) against tokens delivered (``usage``), and the
+client's migrations (``client.statistics().migrations``, the counter behind
+``trioforward_migrations_total``). A fresh engine replaces the killed one
+before the next run.
+
+    python bench/async_rl_staleness.py            # about 80 s on 2 idle cores
     python bench/async_rl_staleness.py --quick    # a few seconds (the smoke test)
 
 Writes ``bench/results/async_rl_staleness.json`` and prints a table.
@@ -43,9 +57,11 @@ from typing import Any
 import trio
 
 try:  # `python bench/async_rl_staleness.py`, or bench/ on sys.path (bench/run_all.py)
+    import _rl_kill
     import _rollout_workload as rollout
     import _targets as targets
 except ImportError:  # `python -m bench.async_rl_staleness`
+    from bench import _rl_kill  # type: ignore[no-redef]
     from bench import _rollout_workload as rollout  # type: ignore[no-redef]
     from bench import _targets as targets  # type: ignore[no-redef]
 
@@ -61,14 +77,23 @@ def _engine_argv(port: int, args: Any) -> list[str]:
             "--prefix-cache-tokens", str(args.kv_cache_tokens), "--time-scale", str(args.time_scale)]
 
 
-async def _run(mode: str, engines: list[str], work: rollout.Workload, args: Any, tag: str) -> dict[str, Any]:
-    """One async RL run; returns its measures."""
+async def _run(
+    mode: str, engines: list[str], work: rollout.Workload, args: Any, tag: str,
+    kill: _rl_kill.Kill | None = None, knobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One async RL run (``kill``: an engine killed mid-step; ``knobs``: client
+    settings); returns its measures."""
     from trioforward.dispatch import open_client
+    from trioforward.errors import TrioforwardError
 
-    finished: list[tuple[int, int, int | None]] = []  # (rollout, start index, staleness)
+    # (rollout, start index, staleness, tokens delivered); None: the rollout failed
+    finished: list[tuple[int, int, int | None, int] | None] = []
+    failures: Counter[str] = Counter()
+    retries: Counter[str] = Counter()  # (phase/reason) of the answers' retries
+    attempts: Counter[int] = Counter()  # answers by upstream attempts
     ready = trio.Event()
     index = [0]  # the trainer's version index
-    async with open_client(engines, engine_capacity=args.slots, health_interval=3600.0) as client:
+    async with open_client(engines, engine_capacity=args.slots, health_interval=3600.0, **(knobs or {})) as client:
         if mode == "bounded":
             client.declare_staleness(tenant="default", step=args.step, eta=args.eta)
         outputs = [(g, o) for g in range(work.groups) for o in work.group_outputs[g]]
@@ -79,9 +104,17 @@ async def _run(mode: str, engines: list[str], work: rollout.Workload, args: Any,
             body = {"model": "sim-base", "prompt": f"{tag} " + work.group_prompts[group],
                     "max_tokens": tokens, "temperature": 1.0}
             sent = time.perf_counter()
-            answer = await client.post("/v1/completions", json=body, group=f"{tag}-g{group}")
-            # The version it started under: the trainer's index when it passed the gate.
-            finished.append((i, started_at(sent + answer.admission_time), answer.staleness))
+            try:
+                answer = await client.post("/v1/completions", json=body, group=f"{tag}-g{group}")
+            except TrioforwardError as exc:
+                failures[type(exc).__name__] += 1
+                finished.append(None)
+            else:
+                # The version it started under: the trainer's index when it passed the gate.
+                delivered = json.loads(answer.content)["usage"]["completion_tokens"]
+                retries.update(f"{phase}/{reason}" for phase, reason in answer.retries)
+                attempts[answer.attempts] += 1
+                finished.append((i, started_at(sent + answer.admission_time), answer.staleness, delivered))
             ready.set()
 
         timeline: list[tuple[float, int]] = [(time.perf_counter(), 0)]
@@ -98,26 +131,44 @@ async def _run(mode: str, engines: list[str], work: rollout.Workload, args: Any,
                     ready = trio.Event()
                 batch = finished[taken:taken + args.step]
                 taken += len(batch)
-                consumed.extend(index[0] - s for _, s, _ in batch)
+                consumed.extend(index[0] - b[1] for b in batch if b is not None)
                 await trio.sleep(args.train_s)  # the training step
+                if kill is not None and index[0] == kill.step:
+                    with trio.move_on_after(60):  # the kill lands inside this step
+                        await kill.done.wait()
                 index[0] += 1
+                if kill is not None and index[0] == kill.step:
+                    kill.at_step.set()
                 timeline.append((time.perf_counter(), index[0]))
                 await client.resume(weight_version=f"{tag}-v{index[0]}")
 
         async with trio.open_nursery() as nursery:
+            if kill is not None:
+                if kill.step == 0:
+                    kill.at_step.set()
+                nursery.start_soon(kill.run, start)
             for i, (group, tokens) in enumerate(outputs):
                 nursery.start_soon(one, i, group, tokens)
-            nursery.start_soon(trainer)
+            await trainer()
+            nursery.cancel_scope.cancel()  # the kill, if it never came
         makespan = time.perf_counter() - start
+        migrations = sum(client.statistics().migrations.values())
+    done = [f for f in finished if f is not None]
     hist = Counter(consumed)
-    ordered = sorted(consumed)
-    staleness = Counter(s for _, _, s in finished if s is not None)
+    ordered = sorted(consumed) or [0]
+    staleness = Counter(f[2] for f in done if f[2] is not None)
     return {
         "mode": mode,
         "makespan_s": makespan,
+        "completed": len(done),
+        "failed": dict(failures),
+        "tokens_delivered": sum(f[3] for f in done),
+        "migrations": migrations,
+        "retries": dict(retries),
+        "attempts": {str(k): attempts[k] for k in sorted(attempts)},
         "versions": index[0],
         "off_policy_histogram": {str(k): hist[k] for k in sorted(hist)},
-        "off_policy_mean": statistics.fmean(consumed),
+        "off_policy_mean": statistics.fmean(consumed) if consumed else 0.0,
         "off_policy_p90": ordered[int(0.9 * (len(ordered) - 1))],
         "off_policy_max": ordered[-1],
         "answer_staleness_histogram": {str(k): staleness[k] for k in sorted(staleness)},
@@ -135,6 +186,11 @@ def format_table(doc: dict[str, Any]) -> str:
     for mode, m in doc["modes"].items():
         lines.append(f"{mode:<10} {m['makespan_s']:>10.2f} {m['off_policy_mean']:>16.2f} "
                      f"{m['off_policy_p90']:>4.0f} {m['off_policy_max']:>4.0f}  {m['off_policy_histogram']}")
+    kill = doc["kill"]
+    if kill["cases"]:
+        lines.append(f"an engine SIGKILLed {kill['after_tokens']} tokens into step {kill['step']} "
+                     f"({kill['mode']}, whole answers assembled from streams):")
+        lines += _rl_kill.table(kill["cases"])
     return "\n".join(lines)
 
 
@@ -154,6 +210,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="h100-llama3-8b")
     p.add_argument("--kv-cache-tokens", type=int, default=16384)
     p.add_argument("--time-scale", type=float, default=0.3)
+    p.add_argument("--cases", choices=("all", "staleness", "kill"), default="all",
+                   help="the staleness modes, the engine-kill cases, or both")
+    p.add_argument("--kill-mode", choices=MODES, default="bounded", help="the kill cases' mode")
+    p.add_argument("--kill-step", type=int, default=0, help="the step (version index) the kill lands in")
+    p.add_argument("--kill-tokens", type=int, default=None,
+                   help="tokens the victim decodes in that step before its SIGKILL "
+                        "(default: half its share of a step's tokens)")
     p.add_argument("--output", type=Path, default=RESULTS / "async_rl_staleness.json")
     return p
 
@@ -174,9 +237,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     took = time.perf_counter()
     load = round(os.getloadavg()[0], 2)
+    argv_of = lambda port: _engine_argv(port, args)  # noqa: E731
+    mean_output = sum(sum(o) for o in work.group_outputs) / (work.groups * 8)
+    kill_tokens = args.kill_tokens or int(0.5 * args.step * mean_output / max(2, args.engines))
+    kill_rows: list[dict[str, Any]] = []
     try:
-        engines = targets.start_engines(args.engines, procs, lambda port: _engine_argv(port, args))
-        for r in range(args.repeats):
+        engines = targets.start_engines(args.engines, procs, argv_of)
+        for r in range(args.repeats if args.cases != "kill" else 0):
             for mode in (MODES if r % 2 == 0 else MODES[::-1]):  # alternated
                 for url in engines:  # a cold prefix cache for every run
                     targets.post_json(url + "/reset_prefix_cache", {})
@@ -185,11 +252,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs.append(row)
                 print(f"  {mode} #{r}: {row['makespan_s']:.2f} s, off-policy max {row['off_policy_max']}",
                       flush=True)
+        if args.cases != "staleness":
+            if len(engines) < 2:  # a survivor to migrate to
+                engines += targets.start_engines(2 - len(engines), procs, argv_of)
+
+            async def one_run(mode: str, urls: list[str], tag: str, kill: Any, knobs: Any) -> dict[str, Any]:
+                return await _run(mode, urls, work, args, tag, kill, knobs)
+
+            def restart() -> tuple[str, Any]:
+                (url,) = targets.start_engines(1, procs, argv_of)
+                return url, procs.pop()
+
+            kill_rows = _rl_kill.runs(one_run, engines, procs, restart, args, kill_tokens, args.repeats)
     finally:
         for proc in procs:
             targets.stop(proc)
     modes: dict[str, Any] = {}
-    for mode in MODES:
+    for mode in MODES if args.cases != "kill" else ():
         rows = [r for r in runs if r["mode"] == mode]
         last = rows[len(rows) // 2]
         modes[mode] = {
@@ -209,12 +288,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "engines": args.engines, "max_num_seqs": args.slots, "profile": args.profile,
         "kv_cache_tokens": args.kv_cache_tokens, "time_scale": args.time_scale,
         "bounded_over_unbounded_makespan": round(
-            modes["bounded"]["makespan_s"] / modes["unbounded"]["makespan_s"], 3),
+            modes["bounded"]["makespan_s"] / modes["unbounded"]["makespan_s"], 3) if modes else None,
         "modes": modes,
+        "kill": {"mode": args.kill_mode, "step": args.kill_step, "after_tokens": kill_tokens,
+                 "cases": _rl_kill.summary(kill_rows) if kill_rows else {}, "runs": kill_rows},
         "workload": work.describe(),
         "runs": runs,
     }
-    if not args.quick:
+    if not args.quick and args.cases == "all":
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(doc, indent=1) + "\n")
     print(format_table(doc))

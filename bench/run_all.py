@@ -71,7 +71,8 @@ BENCHMARKS = (
           ("--sizes", "64,1024,8192", "--requests", "4096", "--samples", "8192", "--failover-samples", "20000")),
     Bench("rollout_makespan", "Rollout makespan: trioforward's routing modes vs smg, sglang-router and vllm-router, against the lower bound",
           ("--quick",)),
-    Bench("async_rl_staleness", "Async RL with a staleness bound: off-policyness and makespan, bounded vs unbounded",
+    Bench("async_rl_staleness", "Async RL with a staleness bound: off-policyness and makespan, bounded vs unbounded; "
+          "an engine SIGKILLed mid-step, migration on vs max_migrations 0",
           ()),
 )
 
