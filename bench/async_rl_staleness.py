@@ -134,7 +134,7 @@ async def _run(
                 consumed.extend(index[0] - b[1] for b in batch if b is not None)
                 await trio.sleep(args.train_s)  # the training step
                 if kill is not None and index[0] == kill.step:
-                    with trio.move_on_after(60):  # the kill lands inside this step
+                    with trio.move_on_after(10):  # the kill lands inside this step (at_s None: it never came)
                         await kill.done.wait()
                 index[0] += 1
                 if kill is not None and index[0] == kill.step:
@@ -196,7 +196,7 @@ def format_table(doc: dict[str, Any]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a few seconds: one engine, 32 rollouts")
+    p.add_argument("--quick", action="store_true", help="a few seconds: 32 rollouts, one engine (two for the kill cases)")
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--slots", type=int, default=32, help="each engine's --max-num-seqs")
     p.add_argument("--groups", type=int, default=32, help="GRPO groups of 8 rollouts")
@@ -221,8 +221,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-QUICK = {"engines": 1, "groups": 4, "step": 8, "train_s": 0.05, "repeats": 1, "max_output": 64,
-         "median_output": 16, "time_scale": 0.05}
+# Outputs long enough that the kill case's victim is mid-stream at its kill.
+QUICK = {"engines": 1, "groups": 4, "step": 8, "train_s": 0.05, "repeats": 1, "max_output": 256,
+         "median_output": 64, "time_scale": 0.3}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -28,8 +28,7 @@ def test_quick_run_consumes_every_rollout_in_both_modes() -> None:
 def test_killed_engine_loses_no_rollout_with_migration_and_some_without() -> None:
     # Two engines; the first is SIGKILLed once it has decoded 173 tokens of step 0
     # with generations running: long enough outputs that they are mid-stream then.
-    doc = bench.main(["--quick", "--cases", "kill", "--time-scale", "0.3",
-                      "--median-output", "64", "--max-output", "256"])
+    doc = bench.main(["--quick", "--cases", "kill"])
     assert doc["modes"] == {} and doc["kill"]["step"] == 0
     runs = {r["case"]: r for r in doc["kill"]["runs"]}
     on, off = runs["kill_migrate"], runs["kill_no_migration"]
