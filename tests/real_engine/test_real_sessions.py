@@ -13,6 +13,9 @@ import openai
 from conftest import Server
 from vllm_probes import MODEL
 
+# Ten turns of 4 sampled tokens with short environment replies fit the tiny
+# model's 256-token length (docs/compatibility.md, "The real-engine suite").
+TURNS = 10
 TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}]
 
 
@@ -25,21 +28,19 @@ def test_openai_sdk_session_on_vllm_is_prompted_with_what_it_sampled(
     )  # fmt: skip
     messages: list[Any] = [{"role": "user", "content": "Hello, how are you?"}]
     answers = []
-    for turn in range(4):
+    for turn in range(TURNS):
         answer = sdk.chat.completions.create(
-            model=MODEL, messages=messages, tools=TOOLS, max_tokens=8, temperature=0,
+            model=MODEL, messages=messages, tools=TOOLS, max_tokens=4, temperature=0,
             logprobs=True, extra_body={"return_token_ids": True},
         )  # fmt: skip
         answers.append(answer)
         messages.append(answer.choices[0].message.model_dump())
         messages.append(
-            {"role": "tool", "content": f"result {turn}"}
-            if turn % 2 == 0
-            else {"role": "user", "content": "The quick brown fox."}
+            {"role": "tool", "content": f"r{turn}"} if turn % 2 == 0 else {"role": "user", "content": "ok"}
         )
     trajectory = httpx.get(f"{gateway_base.url}/v1/sessions/real-agent").json()
     turns = trajectory["turns"]
-    assert len(turns) == 4 and trajectory["branch_points"] == []
+    assert len(turns) == TURNS and trajectory["branch_points"] == []
     # vLLM's own chat rendering of the first turn is the session's first prompt.
     direct = httpx.post(
         f"{vllm_base.url}/v1/chat/completions",
@@ -59,7 +60,7 @@ def test_openai_sdk_session_on_vllm_is_prompted_with_what_it_sampled(
         # vLLM, asked directly with the same prompt ids, samples the same greedy ids.
         again = httpx.post(
             f"{vllm_base.url}/v1/completions",
-            json={"model": MODEL, "prompt": turn["prompt_token_ids"], "max_tokens": 8, "temperature": 0, "return_token_ids": True},
+            json={"model": MODEL, "prompt": turn["prompt_token_ids"], "max_tokens": 4, "temperature": 0, "return_token_ids": True},
         ).json()  # fmt: skip
         assert again["choices"][0]["token_ids"] == turn["token_ids"]
     (sequence,) = trajectory["sequences"]
