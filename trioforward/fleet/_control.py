@@ -6,9 +6,7 @@ plane"): ``paused`` (``"*"`` or an engine URL -> pause mode), ``engines``
 ``adapters`` (name -> ``{"path", "parent"}`` as JSON; ``""`` unregisters one,
 configured or not); two lists of one-shot records each member runs once,
 ``aborts`` and ``confirms`` (an operator's word that an engine runs a weight
-version); and ``staleness`` (scope key -> a staleness bound as JSON with its
-id, ``""`` withdraws it), whose started rollouts are counted in one counter per
-declaration (``_staleness.py``). An
+version); and ``staleness``, the staleness bounds (``_staleness.py``). An
 admin change is one ``MULTI`` transaction that edits a hash and increments the
 version, then a ``PUBLISH`` of the version on the fleet's announce channel.
 
@@ -21,12 +19,10 @@ engines - or raises :class:`FleetLagging` naming the members that did not
 within ``ack_timeout``. A joining member applies the current state before it
 takes traffic (:func:`~trioforward.fleet.open_fleet`).
 
-Public interface (what admin routes and other features build on):
-:meth:`ControlPlane.pause`, :meth:`~ControlPlane.resume`,
-:meth:`~ControlPlane.add_engine`, :meth:`~ControlPlane.remove_engine`,
-:meth:`~ControlPlane.register_adapter`, :meth:`~ControlPlane.unregister_adapter`,
-:meth:`~ControlPlane.abort`, :meth:`~ControlPlane.confirm_version`,
-:attr:`~ControlPlane.applied_version`, :meth:`~ControlPlane.wait_applied`.
+Public interface (what admin routes and other features build on), methods of
+:class:`ControlPlane`: ``pause`` / ``resume``, ``add_engine`` / ``remove_engine``,
+``register_adapter`` / ``unregister_adapter``, ``declare_staleness`` /
+``withdraw_staleness``, ``abort``, ``confirm_version``, ``applied_version``, ``wait_applied``.
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ import trio
 from trioforward.dispatch import StalenessBound, fleet_pause_args
 from trioforward.fleet._futures import StateUnavailable
 from trioforward.fleet._redis import STATE_ERRORS
-from trioforward.fleet._staleness import SharedStaleness
+from trioforward.fleet._staleness import SharedStaleness, declaration, withdrawal
 
 if TYPE_CHECKING:
     from trioforward.fleet._member import Fleet
@@ -87,10 +83,9 @@ class ControlPlane:
         # What this member applied last (it starts from its configuration).
         self._paused_all = False
         self._paused: set[str] = set()
-        # Aborts (docs/operations.md, "Over-sampling: cancelling a round's
-        # stragglers"): what this member runs for one (set by the server to
-        # include its Tinker queue; default: the dispatch client's), and the
-        # abort records it ran already.
+        # Aborts (docs/operations.md, "Over-sampling: cancelling a round's stragglers"):
+        # what this member runs for one (set by the server to include its Tinker
+        # queue; default: the dispatch client's), and the abort records it ran already.
         self.abort_hook: Callable[[list[str] | None, str | None, bool], Awaitable[dict[str, int]]] = (
             self._client_abort
         )
@@ -137,16 +132,14 @@ class ControlPlane:
         return await self._change(edit)
 
     async def declare_staleness(self, bound: StalenessBound) -> int:
-        """Declare ``bound`` on every member (docs/operations.md, "Staleness-bounded
-        admission"): a fresh id, so its count starts at 0."""
-        key = self._keys.control("staleness")
-        record = orjson.dumps({**bound.to_json(), "id": uuid.uuid4().hex}).decode()
-        return await self._change(lambda p: p.hset(key, {bound.key: record}))
+        """Declare ``bound`` on every member (docs/operations.md, "Staleness-bounded admission")."""
+        fields = declaration(bound)
+        return await self._change(lambda p: p.hset(self._keys.control("staleness"), fields))
 
     async def withdraw_staleness(self, tenant: str | None, group_prefix: str | None) -> int:
         """Withdraw the bound of ``tenant`` or ``group_prefix`` on every member."""
-        scope = f"tenant:{tenant}" if tenant is not None else f"group:{group_prefix}"
-        return await self._change(lambda p: p.hset(self._keys.control("staleness"), {scope: ""}))
+        fields = withdrawal(tenant, group_prefix)
+        return await self._change(lambda p: p.hset(self._keys.control("staleness"), fields))
 
     async def add_engine(self, url: str) -> int:
         """Register ``url`` on every member."""
@@ -186,9 +179,7 @@ class ControlPlane:
 
         return await self._change(edit)
 
-    async def abort(
-        self, ids: list[str] | None, group: str | None, every: bool
-    ) -> dict[str, Any]:
+    async def abort(self, ids: list[str] | None, group: str | None, every: bool) -> dict[str, Any]:
         """Abort on every member: the record is appended to the control state's
         ``aborts`` list (the last :data:`ABORTS_KEPT`), each member runs it once
         and writes its counts beside it; returns their sums and ``"members"``
@@ -203,30 +194,30 @@ class ControlPlane:
             p.ltrim(key, -ABORTS_KEPT, -1)
 
         await self._change(edit)
-        with trio.move_on_after(self._fleet.settings.member_ttl):
-            try:
-                raw = _text(await self._fleet.redis.hgetall(self._keys.control(f"abort:{abort_id}")))
-            except STATE_ERRORS as exc:
-                raise StateUnavailable(f"shared state unreachable ({type(exc).__name__})") from None
-            members = {m: orjson.loads(v) for m, v in sorted(raw.items())}
-            total = {k: sum(c.get(k, 0) for c in members.values()) for k in ("queued", "on_engine", "finished")}
-            return {**total, "members": members}
-        raise StateUnavailable("shared state did not answer in time")
+        raw = await self._read_hash(f"abort:{abort_id}")
+        members = {m: orjson.loads(v) for m, v in sorted(raw.items())}
+        total = {k: sum(c.get(k, 0) for c in members.values()) for k in ("queued", "on_engine", "finished")}
+        return {**total, "members": members}
 
     async def paused_at_engine_level(self, engines: Iterable[str] | None) -> list[str] | None:
         """Which of ``engines`` (``None``: all) the fleet paused at the engine level
         (a pause with ``engine_mode``), from the shared state; ``None`` means all of
         them. A gate-only pause is not listed: resuming it never calls an engine.
         Raises :class:`~trioforward.fleet.StateUnavailable` when Redis does not answer."""
+        paused = await self._read_hash("paused")
+        if ALL in paused and _engine_level(paused[ALL]):
+            return None if engines is None else [e.rstrip("/") for e in engines]
+        urls = [u for u, v in paused.items() if u != ALL and _engine_level(v)]
+        return urls if engines is None else [u for u in (e.rstrip("/") for e in engines) if u in urls]
+
+    async def _read_hash(self, name: str) -> dict[str, str]:
+        """The control state's hash ``name``, read within ``member_ttl``; raises
+        :class:`~trioforward.fleet.StateUnavailable` when Redis does not answer."""
         with trio.move_on_after(self._fleet.settings.member_ttl):
             try:
-                paused = _text(await self._fleet.redis.hgetall(self._keys.control("paused")))
+                return _text(await self._fleet.redis.hgetall(self._keys.control(name)))
             except STATE_ERRORS as exc:
                 raise StateUnavailable(f"shared state unreachable ({type(exc).__name__})") from None
-            if ALL in paused and _engine_level(paused[ALL]):
-                return None if engines is None else [e.rstrip("/") for e in engines]
-            urls = [u for u, v in paused.items() if u != ALL and _engine_level(v)]
-            return urls if engines is None else [u for u in (e.rstrip("/") for e in engines) if u in urls]
         raise StateUnavailable("shared state did not answer in time")
 
     async def _change(self, edit: Any) -> int:
@@ -368,7 +359,6 @@ class ControlPlane:
         for url, op in engines.items():
             if op == "remove" and url in known:
                 client.engines.remove(url)
-
 
     def _run_confirms(self, records: list[bytes]) -> None:
         """Apply each version confirmation not applied here yet (after the recorded

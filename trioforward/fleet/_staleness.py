@@ -12,6 +12,7 @@ dispatch gate takes a start from it (:meth:`SharedStaleness.take`), so
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -22,12 +23,24 @@ from trioforward.fleet._redis import STATE_ERRORS
 if TYPE_CHECKING:
     from trioforward.fleet._member import Fleet
 
-__all__ = ["SharedStaleness", "STARTED_TTL"]
+__all__ = ["SharedStaleness", "STARTED_TTL", "declaration", "withdrawal"]
 
 log = logging.getLogger("trioforward.fleet")
 
 #: Seconds a declaration's started count is kept after its first start.
 STARTED_TTL = 7 * 24 * 3600
+
+
+def declaration(bound: StalenessBound) -> dict[str, str]:
+    """The ``staleness`` hash field that declares ``bound`` on every member: a fresh
+    id, so its started count begins at 0."""
+    return {bound.key: orjson.dumps({**bound.to_json(), "id": uuid.uuid4().hex}).decode()}
+
+
+def withdrawal(tenant: str | None, group_prefix: str | None) -> dict[str, str]:
+    """The ``staleness`` hash field that withdraws the bound of ``tenant`` or
+    ``group_prefix`` (its scope key, as :attr:`StalenessBound.key` names it)."""
+    return {f"tenant:{tenant}" if tenant is not None else f"group:{group_prefix}": ""}
 
 
 class SharedStaleness:

@@ -4,9 +4,9 @@ Each :class:`Engine` owns a :class:`~trioforward.dispatch.engines._fair.FairQueu
 ``engine_capacity`` tokens. That *is* the engine's queue (docs/dispatch.md,
 "Engines, capacity and routing"): weighted fair between tenants, FIFO within one;
 parked tasks are handed tokens one by one as they come back, nothing rescans
-waiters. A request that
-finds no eligible engine at all (every engine paused or ejected) parks in the
-registry's own FIFO lot and is let go, in order, when one becomes eligible.
+waiters. A request that finds no eligible engine at all (every engine paused or
+ejected) parks in the registry's own FIFO lot and is let go, in order, when one
+becomes eligible.
 
 State changes (pause, ejection, removal) *re-route* the requests queued on that
 engine: their queue wait is cancelled and they route again, so nobody waits for
@@ -52,10 +52,9 @@ class EngineInfo:
     docs/operations.md, "Engine kinds"); ``held_out``: why it takes no work
     although healthy and not paused (it has not reported the recorded weight
     version), or ``None``; ``weight_version``: the version it last reported
-    (docs/operations.md, "One weight version across the engines"); ``limit``:
-    the requests it may run at once as learnt from its load reports, or
-    ``None`` (the static ``capacity``: ``adaptive_capacity`` off, or no usable
-    report; docs/dispatch.md, "Capacity from the engine").
+    (docs/operations.md, "One weight version across the engines"); ``limit``: the
+    requests it may run at once as learnt from its load reports, or ``None`` (the
+    static ``capacity``; docs/dispatch.md, "Capacity from the engine").
     """
 
     url: str
@@ -152,9 +151,8 @@ class Engine:
 
     @property
     def outstanding(self) -> int:
-        """Its load as routing counts it: requests queued here, plus those on the
-        engine — the larger of this process's in-flight count and what the
-        engine last reported (other gateways' requests included)."""
+        """Its load as routing counts it: queued here, plus the larger of this process's
+        in-flight count and what the engine last reported (other gateways' too)."""
         return max(self.in_flight, self.reported) + len(self.queue)
 
     def set_limit(self, limit: int | None) -> None:
@@ -168,10 +166,8 @@ class Engine:
         self._apply()
 
     def _apply(self) -> None:
-        tokens: float = self.capacity if self.capacity > 0 else math.inf
-        for bound in (self.share, self.limit):
-            if bound is not None:
-                tokens = min(tokens, bound)
+        bounds = [bound for bound in (self.share, self.limit) if bound is not None]
+        tokens = min([self.capacity if self.capacity > 0 else math.inf, *bounds])
         if tokens != self.queue.total_tokens:
             self.queue.total_tokens = tokens
 
@@ -227,16 +223,9 @@ class Registry:
     """The engines of one client, in registration order, and the no-engine lot."""
 
     __slots__ = (
-        "engines",
-        "by_url",
-        "capacity",
-        "health_failures",
-        "health_successes",
-        "_lot",
-        "_changed",
-        "on_eject",
-        "on_readmit",
-    )
+        "engines", "by_url", "capacity", "health_failures", "health_successes", "_lot", "_changed",
+        "on_eject", "on_readmit",
+    )  # fmt: skip
 
     def __init__(self, capacity: int, health_failures: int, health_successes: int) -> None:
         self.engines: list[Engine] = []
